@@ -1,0 +1,314 @@
+"""Time per optimizer step and peak memory of K-pass training (SPEC §3) against a plain transformer.
+
+Variants, same model size, batch and sequence length, train mode, AdamW:
+
+- ``plain``: ``model(ids)`` + cross-entropy, i.e. an ordinary transformer step (the fusion module exists
+  but is never called, so it gets no gradient and AdamW skips it);
+- ``K=1``: ``model.multipass(ids, passes=1, labels=..., prefix_mixin=1.0)``: exactly the plain computation
+  (with one pass there is no feedback, no jitter and no mixin; the fusion module is never touched);
+- ``K=2``, ``K=3``: the multi-pass objective (jitter σ = config.feedback_jitter, prefix mixin 1.0),
+  gradients flowing through every pass (the default);
+- ``K=2 detach``, ``K=3 detach``: the same with ``detach=True`` (the carried states are detached).
+
+A step is ``zero_grad(set_to_none=True)``, forward, ``loss.backward()``, ``optimizer.step()``. The
+variants are interleaved: each repetition runs one step of every variant, in an order rotated from
+repetition to repetition; ratios are paired within a repetition and summarised by median (min–max).
+
+Memory, three measures (see docs/benchmarks.md):
+
+- ``saved MiB``: bytes of the activations autograd keeps for the backward, counted with
+  ``torch.autograd.graph.saved_tensors_hooks`` during one forward (distinct storages, parameters
+  excluded). Deterministic; this is the part of memory that K and ``detach`` change.
+- ``peak RSS Δ MiB`` (CPU): each variant in a fresh subprocess; the optimizer state is created first
+  (one AdamW step on zero gradients), then ``ru_maxrss`` is read before and after two training steps.
+  The difference is the step's peak above the steady state: gradients + activations + temporaries.
+- ``cuda peak MiB`` (``--device cuda``): ``torch.cuda.max_memory_allocated`` during a step.
+
+Usage:
+    python benchmarks/train_step.py              # full run
+    python benchmarks/train_step.py --quick      # smoke run (< 30 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fullband.model import FullBandConfig, FullBandLM
+
+SIZES = {
+    "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
+    "d512-L6": dict(model=dict(vocab_size=8192, d_model=512, n_layers=6, n_heads=8, d_ff=1536), batch=8, seq=256),
+}
+QUICK_SIZES = {
+    "d64-L2": dict(model=dict(vocab_size=512, d_model=64, n_layers=2, n_heads=2, d_ff=192), batch=2, seq=64),
+}
+# label -> (passes, detach); passes 0 means the plain transformer step
+VARIANTS = {
+    "plain": (0, False),
+    "K=1": (1, False),
+    "K=2": (2, False),
+    "K=3": (3, False),
+    "K=2 detach": (2, True),
+    "K=3 detach": (3, True),
+}
+
+
+def machine_info(threads: int, device: str) -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def build(size: dict, device, dtype, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = FullBandConfig(max_seq_len=size["seq"], **size["model"])
+    model = FullBandLM(cfg).to(device=device, dtype=dtype).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, cfg.vocab_size, (size["batch"], size["seq"] + 1), generator=g).to(device)
+    return model, opt, data[:, :-1], data[:, 1:]
+
+
+def loss_of(model, ids, targets, variant: str, generator) -> torch.Tensor:
+    passes, detach = VARIANTS[variant]
+    if passes == 0:
+        logits = model(ids).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    out = model.multipass(ids, passes=passes, labels=targets, prefix_mixin=1.0, detach=detach, generator=generator)
+    return out.loss
+
+
+def train_step(model, opt, ids, targets, variant: str, generator) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss_of(model, ids, targets, variant, generator).backward()
+    opt.step()
+
+
+def saved_activation_bytes(model, ids, targets, variant: str) -> int:
+    """Bytes of distinct non-parameter storages that autograd saves for the backward in one forward."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    generator = torch.Generator(device=ids.device).manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_of(model, ids, targets, variant, generator)
+    del loss
+    return sum(seen.values())
+
+
+def rss_child(size_name: str, variant: str, quick: bool, threads: int) -> None:
+    """Subprocess entry: peak RSS of two training steps above the steady state (model + AdamW state)."""
+    torch.set_num_threads(threads)
+    size = (QUICK_SIZES if quick else SIZES)[size_name]
+    model, opt, ids, targets = build(size, "cpu", torch.float32)
+    for p in model.parameters():  # create the AdamW state (exp_avg, exp_avg_sq) with one zero-gradient step
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    generator = torch.Generator().manual_seed(0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for _ in range(2):
+        train_step(model, opt, ids, targets, variant, generator)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"rss_before_kib": before, "rss_after_kib": after}))
+
+
+def peak_rss_delta_mib(size_name: str, variant: str, quick: bool, threads: int) -> float | None:
+    cmd = [sys.executable, __file__, "--_rss-child", size_name, variant, "--threads", str(threads)]
+    if quick:
+        cmd.append("--quick")
+    # Fixed mmap threshold: tensors above 64 KiB get their own mapping, returned to the OS when freed,
+    # so RSS follows live memory instead of glibc heap high-water marks.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        print(f"  rss child failed for {size_name} {variant}: {proc.stderr[-500:]}", file=sys.stderr)
+        return None
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    return (r["rss_after_kib"] - r["rss_before_kib"]) / 1024  # ru_maxrss is in KiB on Linux
+
+
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
+    model, opt, ids, targets = build(size, device, dtype)
+    labels = list(VARIANTS)
+    generator = torch.Generator(device=device).manual_seed(0)
+    cuda = device.type == "cuda"
+    for v in labels:  # warm-up (also creates the AdamW state)
+        train_step(model, opt, ids, targets, v, generator)
+    sync()
+    times: dict[str, list[float]] = {v: [] for v in labels}
+    cuda_peak: dict[str, int] = {}
+    for rep in range(args.repeats):
+        order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
+        for v in order:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            sync()
+            t0 = time.perf_counter()
+            train_step(model, opt, ids, targets, v, generator)
+            sync()
+            times[v].append(time.perf_counter() - t0)
+            if cuda:
+                cuda_peak[v] = max(cuda_peak.get(v, 0), torch.cuda.max_memory_allocated())
+        print(f"  {name}: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+    opt.zero_grad(set_to_none=True)
+    saved = {v: saved_activation_bytes(model, ids, targets, v) for v in labels}
+    rss = {}
+    if args.rss and not cuda:
+        rss = {v: peak_rss_delta_mib(name, v, args.quick, args.threads) for v in labels}
+    variants = {}
+    for v in labels:
+        variants[v] = {
+            "step_s": summary(times[v]),
+            "ratio_vs_K1": summary([a / b for a, b in zip(times[v], times["K=1"], strict=True)]),
+            "ratio_vs_plain": summary([a / b for a, b in zip(times[v], times["plain"], strict=True)]),
+            "saved_activation_bytes": saved[v],
+            "peak_rss_delta_mib": rss.get(v),
+            "cuda_max_allocated_bytes": cuda_peak.get(v),
+        }
+    params = model.num_parameters()
+    return {
+        "config": model.config.to_dict(),
+        "batch": size["batch"],
+        "seq": size["seq"],
+        "params": params,
+        "params_without_fusion": model.num_parameters(include_fusion=False),
+        "variants": variants,
+        "raw_step_s": times,
+    }
+
+
+def fmt_ratio(s: dict) -> str:
+    return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| size | variant | step s | step / K=1 | step / plain | saved MiB | saved / K=1 | peak RSS Δ MiB "
+        "| cuda peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, res in results.items():
+        base = res["variants"]["K=1"]["saved_activation_bytes"]
+        for v, r in res["variants"].items():
+            rss = r["peak_rss_delta_mib"]
+            cuda = r["cuda_max_allocated_bytes"]
+            lines.append(
+                f"| {name} | {v} | {r['step_s']['median']:.3f} | {fmt_ratio(r['ratio_vs_K1'])} "
+                f"| {fmt_ratio(r['ratio_vs_plain'])} | {r['saved_activation_bytes'] / 2**20:.1f} "
+                f"| {r['saved_activation_bytes'] / base:.2f} | {'-' if rss is None else f'{rss:.0f}'} "
+                f"| {'-' if cuda is None else f'{cuda / 2**20:.0f}'} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="one tiny size, 2 repetitions: a smoke run (< 30 s)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 3; quick 2)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: all)")
+    p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
+    p.add_argument("--out", default="benchmarks/results/train_step.json")
+    p.add_argument("--_rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._rss_child:
+        rss_child(*args._rss_child, quick=args.quick, threads=args.threads)
+        return
+    if args.repeats is None:
+        args.repeats = 2 if args.quick else 3
+    sizes = QUICK_SIZES if args.quick else SIZES
+    if args.sizes:
+        unknown = set(args.sizes) - set(sizes)
+        if unknown:
+            p.error(f"unknown size(s) {sorted(unknown)}; choose from {list(sizes)}")
+        sizes = {k: sizes[k] for k in args.sizes}
+
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+    started = time.time()
+    results = {name: bench_size(name, size, args, device, dtype, sync) for name, size in sizes.items()}
+    elapsed = time.time() - started
+
+    machine = machine_info(args.threads, args.device)
+    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    print(f"# train-step benchmark\n\ncommand: `{command}`\n")
+    print(
+        f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores visible, torch {machine['torch']}, "
+        f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
+    )
+    shapes = ", ".join(
+        f"{n}: batch {r['batch']} × seq {r['seq']}, {r['params'] / 1e6:.2f} M params "
+        f"({r['params_without_fusion'] / 1e6:.2f} M without the fusion)"
+        for n, r in results.items()
+    )
+    print(
+        f"{shapes}; AdamW; {args.repeats} interleaved repetitions; step time median, ratios paired per "
+        "repetition: median (min–max)\n"
+    )
+    print(table(results))
+    print(f"\nwall time {elapsed:.1f} s")
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "train_step",
+        "command": command,
+        "machine": machine,
+        "settings": {"repeats": args.repeats, "dtype": args.dtype, "quick": args.quick, "rss": args.rss},
+        "wall_s": elapsed,
+        "results": results,
+    }
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

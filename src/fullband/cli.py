@@ -1,0 +1,256 @@
+"""The ``fullband`` command. Options of the config sections are derived from the dataclasses in
+``fullband.config`` and given as ``--section.field value``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import typing
+from pathlib import Path
+
+from fullband.config import SECTIONS, field_help, load_config
+from fullband.errors import FullbandError
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+def _type_name(annotation) -> str:
+    text = str(annotation).replace("typing.", "")
+    return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
+            "<class 'bool'>": "BOOL"}.get(text, text.upper())
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
+                        + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} options")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            group.add_argument(
+                f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
+                metavar=_type_name(hints[f.name]), help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
+            )
+
+
+def config_from_args(args: argparse.Namespace):
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    overrides.update(args.unknown_overrides)  # unknown --section.field: build_config explains
+    path = args.config
+    if path and not Path(path).exists() and (PRESET_DIR / f"{path}.yaml").is_file():
+        path = PRESET_DIR / f"{path}.yaml"
+    return load_config(path, overrides)
+
+
+# ---- subcommands --------------------------------------------------------------------------------
+
+
+def cmd_prepare(args) -> None:
+    from fullband.data import prepare_dataset
+
+    config = config_from_args(args)
+    dataset = prepare_dataset(config.data, args.out, overwrite=args.overwrite)
+    for name, info in dataset.manifest["splits"].items():
+        print(f"{name}: {info['tokens']:,} tokens in {info['documents']:,} documents")
+    print(f"tokenizer: {dataset.manifest['tokenizer']['kind']} (vocab {dataset.vocab_size}); wrote {args.out}")
+
+
+def cmd_train(args) -> None:
+    from fullband.train import train
+
+    config = config_from_args(args)
+    result = train(config, args.out_dir, data_dir=args.data_dir, resume=args.resume, init_from=args.init_from)
+    print(f"steps {result.steps}, tokens {result.tokens:,}, token-equivalent compute {result.compute_tokens:,}"
+          f" (tokens × passes), skipped steps {result.skipped_steps}")
+    if result.final_eval is not None:
+        print(format_eval_table({"model": result.final_eval}))
+
+
+def format_eval_table(results: dict) -> str:
+    """Markdown table: one row per model, one column per decode mode."""
+    columns: list[str] = []
+    for result in results.values():
+        columns += [c for c in result.loss if c not in columns]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, result in results.items():
+        cells = [f"{result.loss[c]:.4f}" if c in result.loss else "" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cmd_eval(args) -> None:
+    import torch
+
+    from fullband.data import load_tokenizer, open_dataset
+    from fullband.eval import evaluate
+    from fullband.model import FullBandLM
+    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+
+    model_dir = resolve_model_dir(args.checkpoint)
+    data_dir = Path(args.data_dir) if args.data_dir else model_dir.parent.parent.parent / "data"
+    dataset = open_dataset(data_dir)
+    tokenizer_dir = find_tokenizer_dir(model_dir)
+    if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
+        raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = FullBandLM.from_pretrained(model_dir, device=device)
+    seq_len = args.seq_len or min(model.config.max_seq_len, 256)
+    batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
+    result = evaluate(model, batches, args.fused_passes, sequential=not args.no_sequential)
+    print(format_eval_table({str(model_dir): result}))
+    print("Jacobi ||h(k) - h(k-1)|| / ||h||: " + ", ".join(f"k={k}: {v:.4f}" for k, v in result.jacobi_delta.items()))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
+
+
+def load_for_generation(checkpoint: str, device: str | None = None):
+    import torch
+
+    from fullband.data import load_tokenizer
+    from fullband.model import FullBandLM
+    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+
+    model_dir = resolve_model_dir(checkpoint)
+    tokenizer_dir = find_tokenizer_dir(model_dir)
+    if tokenizer_dir is None:
+        raise FullbandError(f"no tokenizer saved with {model_dir} (expected {model_dir / 'tokenizer'})")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return FullBandLM.from_pretrained(model_dir, device=device).eval(), load_tokenizer(tokenizer_dir)
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.encode(text)
+    return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
+
+
+def cmd_generate(args) -> None:
+    model, tokenizer = load_for_generation(args.checkpoint, args.device)
+    prompt = encode_prompt(tokenizer, args.prompt)
+    kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed)
+    sys.stdout.write(args.prompt)
+    produced: list[int] = []
+    shown = ""
+    for token in model.generate_stream([prompt], args.max_new_tokens, **kwargs):
+        if int(token[0]) == tokenizer.eos_id:
+            break
+        produced.append(int(token[0]))
+        text = tokenizer.decode(produced)
+        if args.stream and not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    sys.stdout.write(tokenizer.decode(produced)[len(shown):] + "\n")
+
+
+def cmd_demo(args) -> None:
+    from fullband.demo import run_demo
+
+    run_demo(Path(args.out_dir), quick=args.quick)
+
+
+def cmd_convert(args) -> None:
+    from fullband.hf import convert_from_hf
+
+    print(f"wrote {convert_from_hf(args.from_hf, args.out)}")
+
+
+def cmd_export_hf(args) -> None:
+    from fullband.hf import export_hf
+    from fullband.train.checkpoint import resolve_model_dir
+
+    print(f"wrote {export_hf(resolve_model_dir(args.checkpoint), args.out)}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fullband",
+        description="Full-bandwidth transformers: train, evaluate, generate, convert. "
+        "Config options are --section.field VALUE (sections: model, data, train, eval).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("prepare", help="tokenize a corpus into packed shards with a manifest")
+    add_config_options(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory of the prepared dataset")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset prepared from another config")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train with the scheduled multi-pass objective (torchrun for several processes)")
+    add_config_options(p)
+    p.add_argument("--out-dir", required=True, metavar="DIR", help="run directory: config, checkpoints, metrics")
+    p.add_argument("--data-dir", metavar="DIR", help="prepared dataset directory (default OUT_DIR/data; prepared if missing)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in OUT_DIR")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="mid-training: start from a (standard) checkpoint's weights, fusion weights fresh")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="validation loss per decode mode and per number of fused passes")
+    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    p.add_argument("--data-dir", metavar="DIR", help="prepared dataset (default: the run's data/)")
+    p.add_argument("--split", default="val", help="dataset split (default: val)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
+    p.add_argument("--batches", type=int, default=8, help="number of batches (default: 8)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    p.add_argument("--fused-passes", type=int, default=3, help="report fused(1..n) (default: 3)")
+    p.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="generate text in standard, soft or fused mode")
+    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--mode", default="soft", choices=["standard", "soft", "fused"], help="decode mode (default: soft)")
+    p.add_argument("--fused-passes", type=int, default=1, help="extra fused prefill passes in fused mode (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="default: 200")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--stream", action="store_true", help="print tokens as they are produced")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("demo", help="train a small standard transformer and a small FBT on the CPU and compare")
+    p.add_argument("--out-dir", default="runs/demo", help="where to write runs, table, samples and plot")
+    p.add_argument("--quick", action="store_true", help="a much shorter run (smoke test, ~1 minute)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("convert", help="import a local Hugging Face Llama/Qwen2/Qwen3/Mistral checkpoint")
+    p.add_argument("--from-hf", required=True, metavar="SRC", help="local HF model directory")
+    p.add_argument("--out", required=True, metavar="DST", help="fullband model directory to write")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("export-hf", help="export to a transformers directory (trust_remote_code)")
+    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    p.add_argument("--out", required=True, metavar="DST", help="directory to write")
+    p.set_defaults(func=cmd_export_hf)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    args.unknown_overrides = {}
+    while rest:
+        option = rest.pop(0)
+        if not option.startswith("--") or "." not in option or args.command not in ("train", "prepare") or not rest:
+            parser.error(f"unrecognized argument {option!r}")
+        args.unknown_overrides[option[2:]] = rest.pop(0)
+    try:
+        args.func(args)
+    except (FullbandError, ValueError, OSError) as exc:  # bad input: one paragraph, no traceback
+        print(f"fullband {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

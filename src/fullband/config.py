@@ -1,0 +1,294 @@
+"""Typed run configuration: model, data, train and eval sections, loaded from YAML and overridden
+on the command line as ``--section.field value``. Every field's help text lives in its metadata, so
+the CLI's help is derived from these dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fullband.data.config import DataConfig
+from fullband.errors import ConfigError
+from fullband.model import FullBandConfig
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: json.loads(json.dumps(default)), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    seed: int = _f(0, "seed for initialisation, data order, pass-count draws, prefix mixin and jitter")
+    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: str = _f("auto", "'auto' (bf16 autocast on CUDA, float32 on CPU), 'float32' or 'bfloat16'")
+    seq_len: int = _f(256, "tokens per training sequence (must be <= model.max_seq_len)")
+    batch_size: int = _f(16, "sequences per micro-batch, summed over all ranks")
+    grad_accum: int = _f(1, "micro-batches per optimizer step")
+    tokens: int = _f(2_000_000, "token budget: the run stops after ceil(tokens / tokens per step) steps")
+    schedule: Any = _f(
+        "paper",
+        "pass schedule over the fraction of the token budget: 'paper' (75% 1-pass, then K=2 w.p. 0.88 "
+        "and K=3 w.p. 0.12: 75/22/3 overall), 'paper-100b' (75% 1-pass, 25% 3-pass), 'standard' (always "
+        "1 pass: the baseline), 'fixed:K', or a list of phases [{until: 0.75, passes: {1: 1.0}}, ...]",
+    )
+    later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
+    prefix_mixin: float = _f(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
+    detach_passes: bool = _f(False, "detach the fed-back states between passes (saves memory; not the paper)")
+    optimizer: str = _f("adamw", "'adamw', or 'muon' (torch.optim.Muon for 2-D hidden matrices, AdamW for the rest)")
+    lr: float = _f(3e-3, "peak learning rate (AdamW)")
+    muon_lr: float = _f(2e-2, "peak learning rate of Muon for matrix parameters")
+    weight_decay: float = _f(0.1, "decoupled weight decay on matrix parameters")
+    beta1: float = _f(0.9, "AdamW beta1")
+    beta2: float = _f(0.95, "AdamW beta2")
+    lr_schedule: str = _f("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
+    warmup_steps: int = _f(20, "linear warmup steps")
+    decay_fraction: float = _f(0.25, "wsd: the last fraction of steps decays linearly to min_lr_ratio·lr")
+    min_lr_ratio: float = _f(0.0, "final learning rate as a fraction of the peak")
+    grad_clip: float = _f(1.0, "clip the global gradient norm to this value; 0 = off")
+    z_loss: float = _f(0.0, "z-loss coefficient (the paper: 1e-5 in the cooldown)")
+    z_loss_cooldown_only: bool = _f(True, "apply z-loss only in the wsd decay phase, as the paper does")
+    compile: bool = _f(False, "torch.compile the model")
+    parallel: str = _f("ddp", "under torchrun with several processes: 'ddp' or 'fsdp' (FSDP2 fully_shard)")
+    log_every: int = _f(10, "print a progress line every N steps (metrics.jsonl gets every step)")
+    progress: bool = _f(True, "show a progress bar")
+    tensorboard: bool = _f(False, "also write TensorBoard events to OUT_DIR/tensorboard")
+    eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only at the end)")
+    ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
+    max_bad_steps: int = _f(5, "stop after this many consecutive steps with a NaN/inf loss")
+    stop_after_steps: int = _f(0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end")
+
+
+@dataclass
+class EvalConfig:
+    batches: int = _f(8, "validation batches per evaluation")
+    batch_size: int = _f(8, "sequences per validation batch")
+    fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes")
+    sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes)")
+
+
+SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
+
+# Fields that may differ between a run and its resumption: they change logging, not the computation.
+RESUMABLE_CHANGES = {
+    "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.eval_every",
+    "train.ckpt_every", "train.keep_checkpoints", "train.stop_after_steps", "train.max_bad_steps",
+    "train.compile", "eval.batches", "eval.batch_size", "eval.fused_passes", "eval.sequential",
+}
+
+
+@dataclass
+class RunConfig:
+    model: FullBandConfig = field(default_factory=FullBandConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def flat(self) -> dict[str, Any]:
+        return {f"{s}.{k}": v for s, d in self.to_dict().items() for k, v in d.items()}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def validate(self) -> None:
+        t = self.train
+        positive = ("seq_len", "batch_size", "grad_accum", "tokens", "warmup_steps", "log_every",
+                    "keep_checkpoints", "max_bad_steps")
+        for name in positive:
+            if getattr(t, name) < (0 if name == "warmup_steps" else 1):
+                raise ConfigError(f"train.{name}={getattr(t, name)} must be a positive integer")
+        if t.seq_len > self.model.max_seq_len:
+            raise ConfigError(
+                f"train.seq_len={t.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}: "
+                "the model has no positions for it. Lower train.seq_len or raise model.max_seq_len."
+            )
+        choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
+                   "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16")}
+        for name, allowed in choices.items():
+            if getattr(t, name) not in allowed:
+                raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
+        if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
+            raise ConfigError("train.decay_fraction and train.prefix_mixin must lie in [0, 1]")
+        if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
+            raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
+        from fullband.train.schedule import PassSchedule
+
+        PassSchedule.parse(t.schedule)
+
+
+def _type_of(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check (YAML values) or convert (command-line strings) a value to a field's annotated type."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in options:
+                return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
+    if annotation is Any:
+        if isinstance(value, str) and value[:1] in "[{":
+            return _parse_json(value, where)
+        return value
+    if origin is dict or annotation is dict:
+        if isinstance(value, str):
+            value = _parse_json(value, where)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} expects a mapping (JSON on the command line), got {value!r}")
+        return value
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{where} expects true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                number = float(value.replace("_", ""))
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                return int(number)
+        raise ConfigError(f"{where} expects an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where} expects a number, got {value!r}")
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} expects a string, got {value!r}")
+        return value
+    return value
+
+
+def _parse_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({exc})") from None
+
+
+def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, source: str = "config") -> RunConfig:
+    """Build a RunConfig from nested dict values (a YAML file) plus ``section.field`` string overrides.
+    Unknown sections or keys and values of the wrong type raise ConfigError."""
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections ({', '.join(SECTIONS)})")
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for section, body in raw.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section {section!r}; sections are {', '.join(SECTIONS)}")
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: section {section!r} must be a mapping of field: value")
+        for key, value in body.items():
+            values[section][key] = (value, False)
+    for dotted, text in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise ConfigError(f"unknown option --{dotted}; options look like --section.field with sections "
+                              f"{', '.join(SECTIONS)}")
+        values[section][key] = (text, True)
+    built = {}
+    for section, cls in SECTIONS.items():
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, (value, _) in values[section].items():
+            if key not in known:
+                close = [k for k in sorted(known) if k.startswith(key[:3])]
+                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"{source}: unknown field {section}.{key}.{hint} Known fields: {', '.join(sorted(known))}")
+            kwargs[key] = coerce(value, _type_of(cls, key), f"{section}.{key}")
+        try:
+            built[section] = cls(**kwargs)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{source}: invalid {section} section: {exc}") from None
+    config = RunConfig(**built)
+    config.validate()
+    return config
+
+
+def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> RunConfig:
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    return build_config(raw, overrides, source=str(path) if path else "config")
+
+
+def field_help(cls: type, name: str) -> str:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("help", MODEL_HELP.get(name, ""))
+    return ""
+
+
+MODEL_HELP = {
+    "vocab_size": "vocabulary size (training sets it from the tokenizer)",
+    "d_model": "width of the residual stream",
+    "n_layers": "number of transformer blocks",
+    "n_heads": "query heads",
+    "n_kv_heads": "key/value heads (grouped-query attention); None = n_heads",
+    "head_dim": "per-head width; None = d_model // n_heads",
+    "d_ff": "hidden width of the SwiGLU MLP",
+    "max_seq_len": "longest sequence the model handles (prompt + generation)",
+    "rope_theta": "RoPE base",
+    "rope_scaling": "None or a JSON dict {rope_type: linear|llama3, factor: ...}",
+    "norm_eps": "RMSNorm epsilon",
+    "qk_norm": "RMSNorm on queries and keys per head",
+    "qkv_bias": "biases on the q/k/v projections (Qwen2)",
+    "attn_output_gate": "a sigmoid gate per head on the attention output",
+    "sliding_window": "sliding attention window in tokens; None = full attention everywhere",
+    "full_attention_every": "with a window: every n-th layer keeps full attention (0 = none)",
+    "tie_embeddings": "tie input and output embeddings (the paper's stability recipe)",
+    "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), concat or add",
+    "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
+    "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
+    "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
+}

@@ -1,0 +1,115 @@
+"""DataConfig: everything that determines the token streams of a prepared dataset."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fullband.errors import ConfigError
+
+# Bump when the way documents become tokens changes, so old prepared datasets are not reused.
+DATA_FORMAT_VERSION = 1
+
+BYTE_VOCAB_SIZE = 259  # 256 bytes + <bos>, <eos>, <pad>
+
+_FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "int | None": (int, type(None))}
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it becomes tokens.
+
+    source: "pystdlib" (the Python standard library of this interpreter), "synthetic:<task>", one or
+        more comma-separated paths/globs of .txt/.jsonl/.parquet files or directories (a directory
+        written by `datasets`' save_to_disk is loaded as such), or "hf:<name>[:<config>]".
+    text_field: the field/column holding the text in .jsonl, .parquet and `datasets` sources.
+    tokenizer: "byte", "bpe" (trained on the training text) or a local Hugging Face tokenizer dir.
+    max_train_bytes: use at most this many bytes of training text (and a proportional amount of
+        validation text); documents are taken in their fixed order, so the cap is deterministic.
+    """
+
+    source: str = "pystdlib"
+    text_field: str = "text"
+    tokenizer: str = "byte"
+    bpe_vocab_size: int = 2048
+    val_fraction: float = 0.05
+    max_train_bytes: int | None = None
+    synthetic_train_examples: int = 20000
+    synthetic_val_examples: int = 500
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for f in dataclasses.fields(self):
+            value, allowed = getattr(self, f.name), _FIELD_TYPES[str(f.type)]
+            if not isinstance(value, allowed) or isinstance(value, bool):
+                raise ConfigError(
+                    f"data.{f.name}={value!r} has the wrong type: expected {f.type}."
+                )
+        if not self.source.strip():
+            raise ConfigError(
+                "data.source is empty. Use 'pystdlib', 'synthetic:<task>', a path or glob of "
+                ".txt/.jsonl/.parquet files, a save_to_disk directory, or 'hf:<name>[:<config>]'."
+            )
+        if self.source.startswith("synthetic:"):
+            from fullband.data.synthetic import get_task
+
+            get_task(self.source.removeprefix("synthetic:"))
+        if self.source.startswith("hf:") and not self.source.removeprefix("hf:").split(":")[0]:
+            raise ConfigError(
+                f"data.source {self.source!r} names no dataset; write it as hf:<name> or "
+                "hf:<name>:<config>, e.g. hf:roneneldan/TinyStories."
+            )
+        if not self.text_field:
+            raise ConfigError("data.text_field is empty; give the name of the column holding the text.")
+        if not self.tokenizer:
+            raise ConfigError(
+                "data.tokenizer is empty; use 'byte', 'bpe' or the path of a local Hugging Face "
+                "tokenizer directory (one containing tokenizer.json)."
+            )
+        if not BYTE_VOCAB_SIZE <= self.bpe_vocab_size <= 2**31 - 1:
+            raise ConfigError(
+                f"data.bpe_vocab_size={self.bpe_vocab_size} is out of range: a byte-level BPE needs at "
+                f"least {BYTE_VOCAB_SIZE} entries (256 bytes and 3 special tokens)."
+            )
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(
+                f"data.val_fraction={self.val_fraction} must be strictly between 0 and 1 "
+                "(the share of documents held out for validation, e.g. 0.05)."
+            )
+        if self.max_train_bytes is not None and self.max_train_bytes <= 0:
+            raise ConfigError(
+                f"data.max_train_bytes={self.max_train_bytes} must be a positive number of bytes, "
+                "or unset (None) to use all the text."
+            )
+        for name in ("synthetic_train_examples", "synthetic_val_examples"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"data.{name}={getattr(self, name)} must be at least 1.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(
+                f"Unknown data config field(s) {', '.join(unknown)}. "
+                f"Known fields: {', '.join(sorted(known))}."
+            )
+        return cls(**d)
+
+    def fingerprint(self) -> str:
+        """sha256 of every field plus the data format version.
+
+        The source files' contents are not hashed (that would mean reading the whole corpus to decide
+        whether a prepared dataset can be reused); after editing the corpus, prepare with overwrite.
+        """
+        blob = json.dumps({"format_version": DATA_FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()

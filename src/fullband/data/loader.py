@@ -1,0 +1,123 @@
+"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows.
+
+The token stream of a split is cut into windows of seq_len + 1 tokens at stride seq_len (window i
+starts at token i*seq_len; consecutive windows share one token so every token is a target once per
+epoch). Each epoch visits every window once in an order shuffled by (seed, epoch). A step takes the
+next `batch_size` windows of that global order and rank r keeps rows r::world_size, so the union of
+all ranks' rows is exactly what a single process would see: the world size can change on resume.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from fullband.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from fullband.data.shards import TokenSplit
+
+
+@dataclass
+class Batch:
+    """input_ids, targets: (B, T) int64; plain_mask: (B, T) bool, True where the model must use the
+    plain token embedding (position 0 and every document start, see SPEC §2-3)."""
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    plain_mask: torch.Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(*(t.to(device, non_blocking=non_blocking)
+                       for t in (self.input_ids, self.targets, self.plain_mask)))
+
+
+def check_split_length(split: TokenSplit, seq_len: int) -> None:
+    if seq_len < 1:
+        raise ConfigError(f"seq_len={seq_len} must be at least 1.")
+    if len(split) < seq_len + 1:
+        raise DataError(
+            f"The {split.name} split has only {len(split)} tokens, but seq_len={seq_len} needs at least "
+            f"{seq_len + 1} (one window of seq_len + 1). Use a shorter seq_len or more data "
+            "(e.g. raise data.max_train_bytes, data.val_fraction or the number of synthetic examples)."
+        )
+
+
+def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
+    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i]."""
+    rows = np.stack([split.tokens(int(s), int(s) + seq_len + 1) for s in starts]) if len(starts) else \
+        np.zeros((0, seq_len + 1), dtype=np.int64)
+    plain = np.zeros((len(starts), seq_len), dtype=bool)
+    plain[:, 0] = True
+    ds = split.doc_starts
+    for i, s in enumerate(starts):
+        lo, hi = np.searchsorted(ds, [s, s + seq_len], side="left")
+        plain[i, ds[lo:hi] - s] = True
+    rows_t = torch.from_numpy(rows)
+    return Batch(rows_t[:, :-1].contiguous(), rows_t[:, 1:].contiguous(), torch.from_numpy(plain))
+
+
+class TokenLoader:
+    """Shuffled training batches of one split; `state_dict()` records the exact position."""
+
+    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int = 0,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"rank={rank} and world_size={world_size} must satisfy 0 <= rank < world_size.")
+        if batch_size < 1 or batch_size % world_size:
+            raise ConfigError(
+                f"batch_size={batch_size} (rows per step over all ranks) must be a positive multiple of "
+                f"world_size={world_size}, so every rank gets the same number of rows; adjust batch_size."
+            )
+        check_split_length(split, seq_len)
+        self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.num_windows = (len(split) - 1) // seq_len
+        self.epoch, self.position = 0, 0
+        self._order_epoch, self._order = -1, np.zeros(0, dtype=np.int64)
+
+    @property
+    def steps_per_epoch(self) -> float:
+        return self.num_windows / self.batch_size
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            self._order, self._order_epoch = rng.permutation(self.num_windows), self.epoch
+        return self._order
+
+    def next_batch(self) -> Batch:
+        # A step that runs past the end of an epoch continues into the next epoch's order, so every
+        # batch is full and every window is still visited exactly once per epoch.
+        windows = []
+        need = self.batch_size
+        while need:
+            order = self._epoch_order()
+            take = order[self.position : self.position + need]
+            windows.append(take)
+            need -= len(take)
+            self.position += len(take)
+            if self.position == self.num_windows:
+                self.epoch, self.position = self.epoch + 1, 0
+        mine = np.concatenate(windows)[self.rank :: self.world_size]
+        return make_batch(self.split, mine * self.seq_len, self.seq_len)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
+                "seq_len": self.seq_len, "num_windows": self.num_windows}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        for key in ("seq_len", "num_windows"):
+            if key in state and state[key] != getattr(self, key):
+                raise DataError(
+                    f"Cannot resume the data loader: the saved state has {key}={state[key]} but this run "
+                    f"has {key}={getattr(self, key)} (different seq_len or dataset). Resume with the same "
+                    "seq_len and prepared dataset, or start a new run."
+                )
+        if not 0 <= state["position"] < self.num_windows or state["epoch"] < 0:
+            raise DataError(f"Cannot resume the data loader: position {state['position']} / epoch "
+                            f"{state['epoch']} are out of range for {self.num_windows} windows.")
+        self.seed, self.epoch, self.position = int(state["seed"]), int(state["epoch"]), int(state["position"])

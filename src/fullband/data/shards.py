@@ -1,0 +1,365 @@
+"""Prepared datasets: token shards on disk, document start offsets, and a manifest that commits them.
+
+Layout of a prepared directory:
+
+    manifest.json            written last and atomically; its presence means the dataset is complete
+    tokenizer/               the tokenizer that produced the ids (see tokenizers.py)
+    train_000.bin ...        concatenated documents, each framed as [bos] + tokens + [eos]
+    train_docs.npy           int64 offset (into the split's token stream) of every document's bos
+    val_000.bin, val_docs.npy
+
+Document starts are kept because the model treats them specially (SPEC §3: a document start is a
+plain position, no state crosses a document boundary), even when documents are packed back to back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fullband.data.config import DATA_FORMAT_VERSION, DataConfig
+from fullband.data.loader import Batch, check_split_length, make_batch
+from fullband.data.sources import SPLITS, SplitStats, describe_source, iter_documents
+from fullband.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
+from fullband.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+TOKENIZER_DIR = "tokenizer"
+DEFAULT_SHARD_TOKENS = 64 * 2**20
+_ENCODE_BATCH_BYTES = 4 * 2**20  # text handed to the tokenizer at once: big enough for batch speed
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 2**16 - 1 else np.uint32)
+
+
+# --- Writing -------------------------------------------------------------------------------------
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _ShardWriter:
+    """Appends tokens to <split>_NNN.bin files of at most `shard_tokens` tokens each."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.directory, self.split, self.dtype, self.shard_tokens = directory, split, dtype, shard_tokens
+        self.shards: list[dict] = []
+        self.total = 0
+        self._file = None
+        self._hash = None
+        self._count = 0
+
+    def write(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        while len(tokens):
+            if self._file is None:
+                name = f"{self.split}_{len(self.shards):03d}.bin"
+                self._file = open(self.directory / name, "wb")
+                self._hash, self._count = hashlib.sha256(), 0
+                self.shards.append({"file": name})
+            take = min(len(tokens), self.shard_tokens - self._count)
+            data = tokens[:take].tobytes()
+            self._file.write(data)
+            self._hash.update(data)
+            self._count += take
+            self.total += take
+            tokens = tokens[take:]
+            if self._count == self.shard_tokens:
+                self._close_shard()
+
+    def _close_shard(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self.shards[-1].update(tokens=self._count, bytes=self._count * self.dtype.itemsize,
+                               sha256=self._hash.hexdigest())
+        self._file = None
+
+    def close(self) -> list[dict]:
+        if self._file is not None:
+            self._close_shard()
+        return self.shards
+
+
+def _text_batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[str]]:
+    batch, size = [], 0
+    for _, text in docs:
+        batch.append(text)
+        size += len(text)
+        if size >= _ENCODE_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, shard_tokens: int) -> dict:
+    stats = SplitStats()
+    writer = _ShardWriter(out_dir, split, token_dtype(tok.vocab_size), shard_tokens)
+    starts: list[np.ndarray] = []
+    for texts in _text_batches(iter_documents(cfg, split, stats)):
+        encoded = tok.encode_batch(texts)
+        lengths = np.array([len(ids) + 2 for ids in encoded], dtype=np.int64)
+        doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        framed = np.empty(int(lengths.sum()), dtype=writer.dtype)
+        framed[doc_offsets] = tok.bos_id
+        framed[doc_offsets + lengths - 1] = tok.eos_id
+        for off, ids in zip(doc_offsets, encoded):
+            framed[off + 1 : off + 1 + len(ids)] = ids
+        starts.append(doc_offsets + writer.total)
+        writer.write(framed)
+    shards = writer.close()
+    if stats.documents == 0:
+        raise DataError(
+            f"The {split} split of data.source {cfg.source!r} is empty: no non-empty document "
+            f"({stats.skipped_files} unreadable files skipped). "
+            + ("With few documents, the hash split by val_fraction can leave one split empty: add more "
+               "documents (e.g. split a single big text file into several) or raise data.val_fraction."
+               if split == "val" else "Check that the source holds text and that data.text_field is right.")
+        )
+    doc_starts = np.concatenate(starts)
+    docs_file = f"{split}_docs.npy"
+    np.save(out_dir / docs_file, doc_starts)
+    log.info("%s: %d documents, %d tokens, %d shard(s), %d files skipped", split, stats.documents,
+             writer.total, len(shards), stats.skipped_files)
+    return {
+        "tokens": writer.total,
+        "documents": stats.documents,
+        "text_bytes": stats.text_bytes,
+        "skipped_files": stats.skipped_files,
+        "shards": shards,
+        "doc_starts": {"file": docs_file, "bytes": (out_dir / docs_file).stat().st_size,
+                       "sha256": _sha256_file(out_dir / docs_file)},
+    }
+
+
+def _remove_outputs(out_dir: Path) -> None:
+    """Delete what a previous (possibly interrupted) prepare wrote: only our own file names."""
+    (out_dir / MANIFEST).unlink(missing_ok=True)
+    for split in SPLITS:
+        for p in [*out_dir.glob(f"{split}_[0-9][0-9][0-9].bin"), out_dir / f"{split}_docs.npy"]:
+            p.unlink(missing_ok=True)
+    (out_dir / (MANIFEST + ".tmp")).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / TOKENIZER_DIR, ignore_errors=True)
+
+
+def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = False,
+                    shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PreparedDataset:
+    """Tokenize the corpus of `cfg` into `out_dir`, or reuse it if it was already prepared from `cfg`.
+
+    Reuse is decided by the config fingerprint in the manifest; a complete dataset made from a
+    different config is never silently replaced (DataError). `overwrite=True` always rebuilds, which
+    is also the way to repair a damaged dataset. Run it on one process only (rank 0) in a
+    distributed job, and let the others `open_dataset` after a barrier.
+    """
+    if shard_tokens < 1:
+        raise ConfigError(f"shard_tokens={shard_tokens} must be positive.")
+    out_dir = Path(out_dir)
+    fingerprint = cfg.fingerprint()
+    if (out_dir / MANIFEST).is_file() and not overwrite:
+        existing = _read_manifest(out_dir)
+        if existing.get("data_fingerprint") == fingerprint:
+            log.info("reusing prepared dataset %s", out_dir)
+            return open_dataset(out_dir, verify=False)
+        old = existing.get("data_config", {})
+        changed = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in cfg.to_dict().items() if old.get(k) != v]
+        raise DataError(
+            f"{out_dir} already holds a dataset prepared from a different data config "
+            f"({'; '.join(changed) or 'same fields, older format version'}). Use another output "
+            "directory, or pass overwrite (--overwrite) to replace it."
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _remove_outputs(out_dir)
+
+    log.info("preparing %s from %s (tokenizer %s)", out_dir, cfg.source, cfg.tokenizer)
+    tok = build_tokenizer(cfg, (text for _, text in iter_documents(cfg, "train")))
+    splits = {split: _write_split(cfg, split, tok, out_dir, shard_tokens) for split in SPLITS}
+    tok.save(out_dir / TOKENIZER_DIR)
+    manifest = {
+        "format": "fullband-dataset",
+        "version": DATA_FORMAT_VERSION,
+        "data_config": cfg.to_dict(),
+        "data_fingerprint": fingerprint,
+        "source": describe_source(cfg),
+        "tokenizer": {"kind": tok.kind, "fingerprint": tok.fingerprint(), "vocab_size": tok.vocab_size,
+                      "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "dir": TOKENIZER_DIR},
+        "dtype": token_dtype(tok.vocab_size).name,
+        "splits": splits,
+    }
+    # The manifest is the commit point: written only after every shard is on disk, and atomically,
+    # so a crash at any moment leaves either no manifest or a complete dataset.
+    tmp = out_dir / (MANIFEST + ".tmp")
+    _fsync_write(tmp, (json.dumps(manifest, indent=2) + "\n").encode())
+    os.replace(tmp, out_dir / MANIFEST)
+    if hasattr(os, "O_DIRECTORY"):
+        fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return PreparedDataset(out_dir, manifest, tok)
+
+
+# --- Reading -------------------------------------------------------------------------------------
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path / MANIFEST} is unreadable ({e}). Re-run `fullband prepare` with "
+                        "overwrite to rebuild the dataset.") from e
+    if manifest.get("format") != "fullband-dataset" or manifest.get("version") != DATA_FORMAT_VERSION:
+        raise DataError(
+            f"{path / MANIFEST} is not a fullband dataset manifest of format version {DATA_FORMAT_VERSION} "
+            f"(found format {manifest.get('format')!r}, version {manifest.get('version')!r}). Re-run "
+            "`fullband prepare` with overwrite to rebuild it with this version."
+        )
+    return manifest
+
+
+class TokenSplit:
+    """One split's token stream (memory-mapped shards seen as one array) and its document starts."""
+
+    def __init__(self, name: str, shards: list[np.ndarray], doc_starts: np.ndarray) -> None:
+        self.name = name
+        self.shards = shards
+        self.shard_offsets = np.cumsum([0] + [len(s) for s in shards])
+        self.doc_starts = doc_starts
+
+    def __len__(self) -> int:
+        return int(self.shard_offsets[-1])
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.doc_starts)
+
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) as int64, read across shard boundaries."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"token range [{start}, {stop}) outside split of {len(self)} tokens")
+        k = int(np.searchsorted(self.shard_offsets, start, side="right")) - 1
+        pieces = []
+        while start < stop:
+            lo = start - int(self.shard_offsets[k])
+            hi = min(stop, int(self.shard_offsets[k + 1])) - int(self.shard_offsets[k])
+            pieces.append(self.shards[k][lo:hi])
+            start += hi - lo
+            k += 1
+        return np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, dtype=np.int64)
+
+    def eval_batches(self, seq_len: int, batch_size: int, max_batches: int | None = None,
+                     rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+        """Validation batches over sequential windows (window i starts at i*seq_len), no shuffling.
+
+        With several ranks, each batch of `batch_size` windows is shared out like in TokenLoader; the
+        last, partial batch is cut to a multiple of world_size so every rank runs the same number of
+        steps (collectives such as FSDP's stay in lockstep).
+        """
+        check_split_length(self, seq_len)
+        if batch_size < 1 or batch_size % world_size or not 0 <= rank < world_size:
+            raise ConfigError(
+                f"eval batch_size={batch_size} must be a positive multiple of world_size={world_size} "
+                f"(and 0 <= rank={rank} < world_size)."
+            )
+        n_windows = (len(self) - 1) // seq_len
+        if max_batches is not None:
+            n_windows = min(n_windows, max_batches * batch_size)
+        for first in range(0, n_windows, batch_size):
+            count = min(batch_size, n_windows - first)
+            count -= count % world_size
+            if count == 0:
+                break
+            yield make_batch(self, np.arange(first, first + count)[rank::world_size] * seq_len, seq_len)
+
+
+@dataclass
+class PreparedDataset:
+    """A prepared dataset directory: its manifest, tokenizer and splits ("train", "val")."""
+
+    path: Path
+    manifest: dict
+    tokenizer: Tokenizer
+    _splits: dict[str, TokenSplit] = field(default_factory=dict, repr=False)
+
+    @property
+    def config(self) -> DataConfig:
+        return DataConfig.from_dict(self.manifest["data_config"])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def split(self, name: str) -> TokenSplit:
+        if name not in self.manifest["splits"]:
+            raise DataError(f"Dataset {self.path} has no split {name!r}; it has "
+                            f"{', '.join(self.manifest['splits'])}.")
+        if name not in self._splits:
+            info = self.manifest["splits"][name]
+            dtype = np.dtype(self.manifest["dtype"])
+            shards = [np.memmap(self.path / s["file"], dtype=dtype, mode="r") for s in info["shards"]]
+            doc_starts = np.load(self.path / info["doc_starts"]["file"])
+            self._splits[name] = TokenSplit(name, shards, doc_starts)
+        return self._splits[name]
+
+
+def open_dataset(path: str | Path, verify: bool = True) -> PreparedDataset:
+    """Open a prepared dataset, checking that every file is present with its recorded size and,
+    with `verify`, its recorded sha256 (reads every byte once)."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        if path.is_dir() and (any(path.glob("*_[0-9][0-9][0-9].bin")) or (path / TOKENIZER_DIR).exists()):
+            raise DataError(
+                f"{path} is an incomplete dataset: it has token shards but no {MANIFEST} (preparation was "
+                "interrupted). Re-run `fullband prepare` with the same output directory to finish it."
+            )
+        raise DataError(
+            f"No prepared dataset at {path} (no {MANIFEST}). Run `fullband prepare` to create it, or "
+            "check the path."
+        )
+    manifest = _read_manifest(path)
+    for name, info in manifest["splits"].items():
+        for entry in [*info["shards"], info["doc_starts"]]:
+            file = path / entry["file"]
+            if not file.is_file():
+                raise DataError(
+                    f"Dataset {path} is missing {entry['file']} ({name} split). The directory was "
+                    "modified after preparation; re-run `fullband prepare` with overwrite."
+                )
+            size = file.stat().st_size
+            if size != entry["bytes"]:
+                raise DataError(
+                    f"{file} has {size} bytes but the manifest records {entry['bytes']}: the file is "
+                    "truncated or was replaced. Re-run `fullband prepare` with overwrite."
+                )
+            if verify and _sha256_file(file) != entry["sha256"]:
+                raise DataError(
+                    f"{file} is corrupt: its sha256 does not match the manifest. Re-run "
+                    "`fullband prepare` with overwrite (or restore the file)."
+                )
+    tok = load_tokenizer(path / manifest["tokenizer"]["dir"])
+    if tok.fingerprint() != manifest["tokenizer"]["fingerprint"]:
+        raise DataError(f"The tokenizer in {path / TOKENIZER_DIR} is not the one the dataset was prepared "
+                        "with (fingerprint differs). Re-run `fullband prepare` with overwrite.")
+    return PreparedDataset(path, manifest, tok)

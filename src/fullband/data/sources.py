@@ -1,0 +1,372 @@
+"""Document sources: every `DataConfig.source` becomes a deterministic stream of (doc_id, text).
+
+The train/val split is decided per document by a stable hash of its id (relative path, `file:line`,
+`file:row`), so it does not depend on file order, machine or Python version, and a document never
+lands in both splits. Sources that come with their own validation split (a `datasets` DatasetDict
+with a "validation" split) keep it; synthetic tasks draw train and val examples from separate seeds.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import platform
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fullband.data.config import DataConfig
+from fullband.data.synthetic import Example, SyntheticTask, get_task, synthetic_examples
+from fullband.errors import ConfigError, DataError
+
+SPLITS = ("train", "val")
+FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+# Directories of the standard library that are not ordinary library code: tests (some with
+# deliberately broken encodings or syntax), third-party packages and build leftovers.
+_STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+_VAL_SPLIT_NAMES = ("validation", "valid", "val")
+
+# A raw source yields (doc_id, text, split). text None = an unreadable file that was skipped;
+# split None = let the id hash decide.
+RawDoc = tuple[str, str | None, str | None]
+
+
+@dataclass
+class SplitStats:
+    documents: int = 0
+    text_bytes: int = 0
+    skipped_files: int = 0
+
+
+def split_of(doc_id: str, val_fraction: float) -> str:
+    """'val' for a stable val_fraction share of ids, 'train' for the rest."""
+    h = int.from_bytes(hashlib.sha1(doc_id.encode("utf-8")).digest()[:8], "big")
+    return "val" if h / 2**64 < val_fraction else "train"
+
+
+def byte_cap(cfg: DataConfig, split: str) -> int | None:
+    """Bytes of text a split may use: max_train_bytes for train, the val_fraction share of it for val.
+
+    Synthetic val sets are never capped: their size is synthetic_val_examples, and they must stay
+    identical to `synthetic_val_set` so accuracy is measured on exactly the val split.
+    """
+    if cfg.max_train_bytes is None or (split == "val" and cfg.source.startswith("synthetic:")):
+        return None
+    if split == "train":
+        return cfg.max_train_bytes
+    return max(1, round(cfg.max_train_bytes * cfg.val_fraction / (1 - cfg.val_fraction)))
+
+
+def iter_documents(cfg: DataConfig, split: str, stats: SplitStats | None = None) -> Iterator[tuple[str, str]]:
+    """The (doc_id, text) documents of one split, in a fixed order, capped by `max_train_bytes`.
+
+    Empty documents are dropped. The document that crosses the byte cap is cut at the cap (on a
+    character boundary; a synthetic example is dropped instead, half an example teaches nothing)
+    and iteration stops there, so the result is deterministic. `stats`, if given, is filled in as
+    the iterator is consumed.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}")
+    stats = stats if stats is not None else SplitStats()
+    cap = byte_cap(cfg, split)
+    synthetic = cfg.source.startswith("synthetic:")
+    for doc_id, text, doc_split in _raw_documents(cfg, split):
+        if (doc_split or split_of(doc_id, cfg.val_fraction)) != split:
+            continue
+        if text is None:
+            stats.skipped_files += 1
+            continue
+        if not text:
+            continue
+        data = text.encode("utf-8")
+        room = None if cap is None else cap - stats.text_bytes
+        if room is not None and len(data) >= room:
+            # The last document: cut to fit, except half a synthetic example, which teaches nothing.
+            text = "" if synthetic and len(data) > room else data[:room].decode("utf-8", errors="ignore")
+            if text:
+                stats.documents += 1
+                stats.text_bytes += len(text.encode("utf-8"))
+                yield doc_id, text
+            return
+        stats.documents += 1
+        stats.text_bytes += len(data)
+        yield doc_id, text
+
+
+def describe_source(cfg: DataConfig) -> dict:
+    """What the source resolved to, for the manifest (helps to tell datasets apart later)."""
+    if cfg.source == "pystdlib":
+        return {"kind": "pystdlib", "root": sysconfig.get_paths()["stdlib"], "python": platform.python_version()}
+    if cfg.source.startswith("synthetic:"):
+        return {"kind": "synthetic", "task": cfg.source.removeprefix("synthetic:")}
+    if cfg.source.startswith("hf:"):
+        return {"kind": "hf", "name": cfg.source.removeprefix("hf:")}
+    return {"kind": "files", "paths": [str(p) for p in _resolve_paths(cfg.source)]}
+
+
+def _raw_documents(cfg: DataConfig, split: str) -> Iterator[RawDoc]:
+    # Whole-file documents of the other split are not even read.
+    def wanted(doc_id: str) -> bool:
+        return split_of(doc_id, cfg.val_fraction) == split
+
+    if cfg.source == "pystdlib":
+        yield from _pystdlib_documents(wanted)
+    elif cfg.source.startswith("synthetic:"):
+        yield from _synthetic_documents(cfg, split)
+    elif cfg.source.startswith("hf:"):
+        yield from _hf_documents(cfg)
+    else:
+        yield from _path_documents(cfg, wanted)
+
+
+# --- Python standard library ---------------------------------------------------------------------
+
+def pystdlib_files() -> tuple[Path, list[str]]:
+    """The stdlib root and its *.py files (relative posix paths, sorted), excluding tests and packages."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _STDLIB_EXCLUDED_DIRS]
+        rel = Path(dirpath).relative_to(root)
+        files += [(rel / f).as_posix() for f in filenames if f.endswith(".py")]
+    return root, sorted(files)
+
+
+def _pystdlib_documents(wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
+    root, files = pystdlib_files()
+    if not files:
+        raise DataError(
+            f"Found no .py files in the Python standard library at {root}; this interpreter ships "
+            "without its library sources. Use another data.source (e.g. a path to .txt files)."
+        )
+    for rel in filter(wanted, files):
+        try:
+            yield rel, (root / rel).read_bytes().decode("utf-8"), None
+        except (UnicodeDecodeError, OSError):
+            yield rel, None, None
+
+
+# --- Synthetic tasks -----------------------------------------------------------------------------
+
+def synthetic_seed(seed: int, split: str) -> int:
+    """Independent example seeds for the train and val splits, derived from DataConfig.seed."""
+    return int.from_bytes(hashlib.sha256(f"fullband-synthetic:{seed}:{split}".encode()).digest()[:8], "big")
+
+
+def synthetic_val_set(cfg: DataConfig) -> tuple[SyntheticTask, list[Example]]:
+    """The task of a synthetic source and its validation examples (exactly the val split's documents),
+    for measuring accuracy by generation."""
+    if not cfg.source.startswith("synthetic:"):
+        raise ConfigError(f"data.source {cfg.source!r} is not a synthetic task (synthetic:<task>).")
+    task = get_task(cfg.source.removeprefix("synthetic:"))
+    return task, synthetic_examples(task, cfg.synthetic_val_examples, synthetic_seed(cfg.seed, "val"))
+
+
+def _synthetic_documents(cfg: DataConfig, split: str) -> Iterator[RawDoc]:
+    task, val = synthetic_val_set(cfg)
+    if split == "val":
+        for i, ex in enumerate(val):
+            yield f"val:{i}", ex.text, "val"
+        return
+    # Short tasks repeat examples; keep validation prompts out of training so accuracy is held-out.
+    held_out = {ex.prompt for ex in val}
+    train = synthetic_examples(task, cfg.synthetic_train_examples, synthetic_seed(cfg.seed, "train"))
+    for i, ex in enumerate(train):
+        if ex.prompt not in held_out:
+            yield f"train:{i}", ex.text, "train"
+
+
+# --- Local files ---------------------------------------------------------------------------------
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _resolve_paths(source: str) -> list[Path]:
+    """Files and save_to_disk directories named by a comma-separated list of paths/globs/dirs."""
+    out: list[Path] = []
+    for part in (p.strip() for p in source.split(",")):
+        if not part:
+            continue
+        part = os.path.expanduser(part)
+        if glob.has_magic(part):
+            matches = sorted(Path(m) for m in glob.glob(part, recursive=True))
+            matches = [m for m in matches if m.is_file() or _is_saved_dataset(m)]
+            if not matches:
+                raise DataError(
+                    f"The glob {part!r} in data.source matches no files. Check the pattern (quote it "
+                    "in the shell so it is not expanded early; use ** for subdirectories)."
+                )
+            out += matches
+            continue
+        path = Path(part)
+        if not path.exists():
+            raise DataError(
+                f"data.source path {part!r} does not exist. Give an existing file, directory or glob "
+                "(or 'pystdlib', 'synthetic:<task>', 'hf:<name>')."
+            )
+        if path.is_dir() and not _is_saved_dataset(path):
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_SUFFIXES)
+            if not found:
+                raise DataError(
+                    f"Directory {part!r} in data.source contains no {', '.join(FILE_SUFFIXES)} files and is "
+                    "not a `datasets` save_to_disk directory. Point data.source at your text files."
+                )
+            out += found
+        else:
+            out.append(path)
+    for p in out:
+        if p.is_file() and p.suffix not in FILE_SUFFIXES:
+            raise DataError(
+                f"Unsupported file type {p} in data.source: supported are {', '.join(FILE_SUFFIXES)} "
+                "(plain text, one JSON object per line, Parquet) and `datasets` save_to_disk directories."
+            )
+    return list(dict.fromkeys(p.resolve() for p in out))
+
+
+def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
+    paths = _resolve_paths(cfg.source)
+    # Ids are relative to the files' common directory, so moving the corpus keeps the split.
+    base = Path(os.path.commonpath([str(p) for p in paths]))
+    if len(paths) == 1:
+        base = base.parent
+    for path in paths:
+        rel = path.relative_to(base).as_posix()
+        if path.is_dir():
+            yield from _saved_dataset_documents(path, rel, cfg.text_field)
+        elif path.suffix == ".txt":
+            if wanted(rel):
+                yield rel, _decode(path.read_bytes(), path), None
+        elif path.suffix == ".jsonl":
+            yield from _jsonl_documents(path, rel, cfg.text_field)
+        else:
+            yield from _parquet_documents(path, rel, cfg.text_field)
+
+
+def _decode(data: bytes, path: Path, line: int | None = None, offset: int = 0) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = f"{path}:{line}" if line is not None else str(path)
+        raise DataError(
+            f"{where} is not valid UTF-8 (byte offset {offset + e.start} of the file). Convert the file to "
+            "UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove it from data.source."
+        ) from None
+
+
+def _jsonl_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _decode(raw, path, lineno, offset).strip()
+            offset += len(raw)
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
+                                "must be one JSON object.") from None
+            if not isinstance(record, dict) or field not in record:
+                raise DataError(
+                    f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
+                    "the text, or fix that line."
+                )
+            text = record[field]
+            if not isinstance(text, str):
+                raise DataError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string.")
+            yield f"{rel}:{lineno}", text, None
+
+
+def _parquet_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            f"Reading {path} needs pyarrow, which is not installed. Run: pip install 'fullband[data]'."
+        ) from None
+    pf = pq.ParquetFile(path)
+    columns = pf.schema_arrow.names
+    if field not in columns:
+        raise DataError(
+            f"{path} has no column {field!r} (columns: {', '.join(columns)}). Set --data.text_field."
+        )
+    row = 0
+    for batch in pf.iter_batches(columns=[field]):
+        for text in batch.column(0).to_pylist():
+            if text is not None and not isinstance(text, str):
+                raise DataError(f"{path} row {row}: column {field!r} holds {type(text).__name__}, not text.")
+            yield f"{rel}:{row}", text or "", None
+            row += 1
+
+
+# --- Hugging Face datasets -----------------------------------------------------------------------
+
+def _import_datasets(what: str):
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{what} needs the `datasets` package, which is not installed. Run: pip install 'fullband[data]'."
+        ) from None
+    return datasets
+
+
+def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None) -> Iterator[RawDoc]:
+    columns = ds.column_names
+    if columns is not None and field not in columns:
+        raise DataError(f"{origin} has no column {field!r} (columns: {', '.join(columns)}). "
+                        "Set --data.text_field to the column holding the text.")
+    for i, record in enumerate(ds):
+        text = record.get(field)
+        if text is not None and not isinstance(text, str):
+            raise DataError(f"{origin} row {i}: column {field!r} holds {type(text).__name__}, not text.")
+        yield f"{id_prefix}{i}", text or "", split
+
+
+def _dict_rows(dd, origin: str, field: str, id_prefix: str) -> Iterator[RawDoc]:
+    """Rows of a DatasetDict: its train split (or only split), plus its validation split if it has one."""
+    names = list(dd.keys())
+    train = "train" if "train" in names else names[0] if len(names) == 1 else None
+    if train is None:
+        raise DataError(f"{origin} has splits {', '.join(names)} but none called 'train'; "
+                        "save the split to use with save_to_disk, or name it 'train'.")
+    val = next((n for n in _VAL_SPLIT_NAMES if n in names), None)
+    yield from _dataset_rows(dd[train], f"{origin} [{train}]", field, f"{id_prefix}{train}:",
+                             "train" if val else None)
+    if val:
+        yield from _dataset_rows(dd[val], f"{origin} [{val}]", field, f"{id_prefix}{val}:", "val")
+
+
+def _saved_dataset_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+    datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DataError(f"Could not load {path} with datasets.load_from_disk ({e}). Is it a complete "
+                        "save_to_disk directory?") from e
+    if isinstance(ds, datasets.DatasetDict):
+        yield from _dict_rows(ds, str(path), field, f"{rel}:")
+    else:
+        yield from _dataset_rows(ds, str(path), field, f"{rel}:", None)
+
+
+def _hf_documents(cfg: DataConfig) -> Iterator[RawDoc]:
+    spec = cfg.source.removeprefix("hf:")
+    name, _, config = spec.partition(":")
+    datasets = _import_datasets(f"data.source {cfg.source!r}")
+    try:
+        # Streaming reads only as much as is used, which matters with max_train_bytes on big corpora.
+        dd = datasets.load_dataset(name, config or None, streaming=True)
+        yield from _dict_rows(dd, f"Hugging Face dataset {spec!r}", cfg.text_field, "")
+    except DataError:
+        raise
+    except Exception as e:
+        raise DataError(
+            f"Could not load the Hugging Face dataset {spec!r} ({type(e).__name__}: {e}). hf: sources "
+            "need network access to the Hugging Face Hub (or a warm cache) and a correct name/config. "
+            "Offline, download it elsewhere, save it with save_to_disk and pass that directory instead."
+        ) from e

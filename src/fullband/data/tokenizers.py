@@ -1,0 +1,268 @@
+"""Tokenizers: raw bytes, a byte-level BPE trained on the corpus, or any local Hugging Face tokenizer.
+
+All three share one small interface and are saved into a directory together with a
+`fullband_tokenizer.json` marker that records the kind and the special token ids, so
+`load_tokenizer(dir)` gives back exactly the tokenizer that prepared a dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fullband.data.config import BYTE_VOCAB_SIZE, DataConfig
+from fullband.errors import DataError
+
+MARKER = "fullband_tokenizer.json"
+BPE_SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
+
+
+class Tokenizer(ABC):
+    """Common interface. `encode` never adds special tokens: documents are framed by the caller."""
+
+    kind: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of the ids; special tokens are dropped."""
+
+    @abstractmethod
+    def _serialized(self) -> bytes:
+        """Everything that determines the mapping text <-> ids, as bytes."""
+
+    @abstractmethod
+    def _save_files(self, directory: Path) -> None: ...
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode many documents at once (used by dataset preparation, where speed matters)."""
+        return [np.asarray(self.encode(t), dtype=np.int64) for t in texts]
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self._serialized()).hexdigest()
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._save_files(directory)
+        marker = {"kind": self.kind, "vocab_size": self.vocab_size, "bos_id": self.bos_id,
+                  "eos_id": self.eos_id, "pad_id": self.pad_id, "fingerprint": self.fingerprint()}
+        (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. Needs no files."""
+
+    kind = "byte"
+    vocab_size = BYTE_VOCAB_SIZE
+    bos_id, eos_id, pad_id = 256, 257, 258
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # A model can emit a byte sequence that is not valid UTF-8; show it rather than fail.
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def _serialized(self) -> bytes:
+        return b"fullband-byte-tokenizer-v1"
+
+    def _save_files(self, directory: Path) -> None:
+        pass
+
+
+class _TokenizersLibTokenizer(Tokenizer):
+    """Shared code for tokenizers backed by a `tokenizers.Tokenizer` (tokenizer.json)."""
+
+    def __init__(self, tok, bos_id: int, eos_id: int, pad_id: int) -> None:
+        self._tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Our framing tokens need not be registered as special in tokenizer.json, so drop them by id.
+        framing = {self.bos_id, self.eos_id, self.pad_id}
+        return self._tok.decode([int(i) for i in ids if int(i) not in framing], skip_special_tokens=True)
+
+    def _serialized(self) -> bytes:
+        specials = f"|bos={self.bos_id}|eos={self.eos_id}|pad={self.pad_id}"
+        return (self._tok.to_str() + specials).encode()
+
+
+class BPETokenizer(_TokenizersLibTokenizer):
+    """Byte-level BPE (GPT-2 style) trained on the corpus; <bos>, <eos>, <pad> are ids 0, 1, 2."""
+
+    kind = "bpe"
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTok
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        tok = HFTok(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(BPE_SPECIAL_TOKENS),
+            # Every byte gets a token even if the training text lacks it, so any text is encodable.
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(texts, trainer)
+        return cls(tok, *(tok.token_to_id(t) for t in BPE_SPECIAL_TOKENS))
+
+    @classmethod
+    def load(cls, directory: Path, marker: dict) -> BPETokenizer:
+        from tokenizers import Tokenizer as HFTok
+
+        tok = HFTok.from_file(str(directory / "tokenizer.json"))
+        return cls(tok, marker["bos_id"], marker["eos_id"], marker["pad_id"])
+
+    def _save_files(self, directory: Path) -> None:
+        self._tok.save(str(directory / "tokenizer.json"))
+
+
+# Names models commonly use for end-of-text, tried in order when a tokenizer dir does not say.
+_EOS_FALLBACKS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
+_HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+class HFTokenizer(_TokenizersLibTokenizer):
+    """Any local Hugging Face tokenizer directory that contains tokenizer.json.
+
+    Special tokens come from tokenizer_config.json, then special_tokens_map.json. If no eos token is
+    named, the first of the common end-of-text tokens present in the vocabulary is used. A missing bos
+    falls back to eos (as in GPT-2, where <|endoftext|> plays both roles) and a missing pad to eos.
+    """
+
+    kind = "hf"
+
+    def __init__(self, directory: str | Path) -> None:
+        from tokenizers import Tokenizer as HFTok
+
+        directory = Path(directory)
+        if not (directory / "tokenizer.json").is_file():
+            raise DataError(
+                f"Tokenizer directory {directory} has no tokenizer.json. data.tokenizer must be 'byte', "
+                "'bpe' or a local Hugging Face tokenizer directory containing tokenizer.json (only "
+                "'fast' tokenizers are supported; save one with AutoTokenizer.save_pretrained)."
+            )
+        self.directory = directory
+        try:
+            tok = HFTok.from_file(str(directory / "tokenizer.json"))
+        except Exception as e:
+            raise DataError(
+                f"Could not read {directory / 'tokenizer.json'} as a Hugging Face tokenizer ({e}). "
+                "Check that the file is complete and was written by a compatible `tokenizers` version."
+            ) from e
+        names: dict[str, str] = {}
+        for fname in reversed(_HF_CONFIG_FILES):  # tokenizer_config.json wins, so read it last
+            path = directory / fname
+            if not path.is_file():
+                continue
+            try:
+                config = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path} is not valid JSON ({e}); fix or remove it.") from None
+            for role in ("bos", "eos", "pad"):
+                token = _token_content(config.get(f"{role}_token"))
+                if token is not None:
+                    names[role] = token
+        ids = {role: tok.token_to_id(token) for role, token in names.items()}
+        if ids.get("eos") is None:
+            ids["eos"] = next((tok.token_to_id(t) for t in _EOS_FALLBACKS
+                               if tok.token_to_id(t) is not None), None)
+        if ids["eos"] is None:
+            raise DataError(
+                f"Tokenizer {directory} names no end-of-text token and none of {', '.join(_EOS_FALLBACKS)} "
+                "is in its vocabulary. Add \"eos_token\": \"<your end token>\" to tokenizer_config.json."
+            )
+        bos = ids.get("bos") if ids.get("bos") is not None else ids["eos"]
+        pad = ids.get("pad") if ids.get("pad") is not None else ids["eos"]
+        super().__init__(tok, bos, ids["eos"], pad)
+
+    def _save_files(self, directory: Path) -> None:
+        if directory.resolve() == self.directory.resolve():
+            return
+        self._tok.save(str(directory / "tokenizer.json"))
+        for fname in _HF_CONFIG_FILES:
+            if (self.directory / fname).is_file():
+                shutil.copyfile(self.directory / fname, directory / fname)
+
+
+def _token_content(value: object) -> str | None:
+    # Special tokens appear either as plain strings or as AddedToken dicts {"content": ...}.
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def load_tokenizer(directory: str | Path) -> Tokenizer:
+    """Reload a tokenizer saved by `Tokenizer.save` (or any Hugging Face tokenizer directory)."""
+    directory = Path(directory)
+    marker_path = directory / MARKER
+    if not marker_path.is_file():
+        if (directory / "tokenizer.json").is_file():
+            return HFTokenizer(directory)
+        raise DataError(
+            f"No tokenizer found in {directory}: expected {MARKER} (written by fullband) or a Hugging "
+            "Face tokenizer.json. Re-run `fullband prepare`, or point at a directory holding a tokenizer."
+        )
+    try:
+        marker = json.loads(marker_path.read_text())
+        kind = marker["kind"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise DataError(f"{marker_path} is corrupt ({e}); re-run `fullband prepare` to rewrite it.") from e
+    if kind == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    elif kind == "bpe":
+        tok = BPETokenizer.load(directory, marker)
+    elif kind == "hf":
+        tok = HFTokenizer(directory)
+    else:
+        raise DataError(f"{marker_path} names an unknown tokenizer kind {kind!r} (expected byte, bpe or hf).")
+    if marker.get("fingerprint") not in (None, tok.fingerprint()):
+        raise DataError(
+            f"The tokenizer in {directory} does not match its {MARKER} (fingerprint differs): its files "
+            "were changed after it was saved. Re-run `fullband prepare` with overwrite."
+        )
+    return tok
+
+
+def build_tokenizer(cfg: DataConfig, train_texts: Iterable[str]) -> Tokenizer:
+    """The tokenizer `cfg.tokenizer` asks for; only "bpe" reads (trains on) the texts."""
+    if cfg.tokenizer == "byte":
+        return ByteTokenizer()
+    if cfg.tokenizer == "bpe":
+        return BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
+    path = Path(cfg.tokenizer).expanduser()
+    if not path.is_dir():
+        raise DataError(
+            f"data.tokenizer={cfg.tokenizer!r} is neither 'byte', 'bpe' nor an existing directory. "
+            "Give a local Hugging Face tokenizer directory (containing tokenizer.json); downloading "
+            "tokenizers by name is not supported, save one with AutoTokenizer.save_pretrained first."
+        )
+    return HFTokenizer(path)

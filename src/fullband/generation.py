@@ -1,0 +1,219 @@
+"""Decoding with a preallocated KV cache in the three modes of SPEC §4.
+
+- ``standard``: plain prefill, plain decoding.
+- ``soft``: plain prefill; every generated token is fused with the previous position's top state
+  (the first one with the prompt's last top state).
+- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training); the KV
+  cache of the last pass is kept; then decode as in soft.
+
+Batches of prompts with different lengths are **left-padded**: every row then shares one cache write
+position, padding keys are masked, and RoPE positions count real tokens only, so a row's result does
+not depend on what it is batched with. The loop only calls ``model.forward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from fullband.model import FullBandLM, KVCache, shift_right
+
+MODES = ("standard", "soft", "fused")
+
+
+def left_pad(
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
+    attention_mask: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask.
+
+    Accepts a 1-D or 2-D tensor (with an optional attention mask, padded on either side) or a list of
+    token-id lists of any lengths.
+    """
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        if ids.dim() != 2:
+            raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(input_ids.shape)}")
+        if attention_mask is None:
+            rows = [row.tolist() for row in ids]
+        else:
+            if attention_mask.shape != ids.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(ids.shape)}"
+                )
+            rows = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
+        device = ids.device
+    else:
+        rows = [list(r) for r in input_ids]
+        device = None
+    if not rows:
+        raise ValueError("generate() needs at least one prompt")
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = True
+    return ids.to(device), mask.to(device)
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """(B, V) logits -> (B,) token ids. Temperature 0 is greedy."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p) -> None:
+    config = model.config
+    if mode not in MODES:
+        raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "fused" and fused_passes < 1:
+        raise ValueError(f"fused_passes must be >= 1 in fused mode, got {fused_passes}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    bad = (ids < 0) | (ids >= config.vocab_size)
+    if bool(bad.any()):
+        raise ValueError(
+            f"token id {int(ids[bad][0])} is outside the vocabulary [0, {config.vocab_size}); "
+            "was the prompt encoded with this model's tokenizer?"
+        )
+    total = ids.shape[1] + max_new_tokens
+    if total > config.max_seq_len:
+        raise ValueError(
+            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
+            f"max_seq_len {config.max_seq_len}; shorten the prompt or ask for fewer tokens"
+        )
+
+
+@torch.no_grad()
+def generate_stream(
+    model: FullBandLM,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    mode: str = "standard",
+    fused_passes: int = 1,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    seed: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Yield a (B,) tensor of new token ids per step. Rows that produced ``eos_token_id`` keep
+    yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps."""
+    ids, mask = left_pad(input_ids, attention_mask)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p)
+    if max_new_tokens == 0:
+        return
+    B, T = ids.shape
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator(device=model.device).manual_seed(seed)
+    cache = KVCache(model.config, B, T + max_new_tokens, model.device, model.embed.weight.dtype)
+
+    # Prefill: one plain pass, then (fused mode) extra passes fusing the previous pass's states.
+    # Padding and each prompt's first token stay plain; there is no state before a prompt.
+    plain = ~mask | (positions == 0)
+    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    for _ in range(fused_passes if mode == "fused" else 0):
+        cache.reset()
+        out = model(
+            ids,
+            feedback=shift_right(out.hidden),
+            plain_mask=plain,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+
+    next_position = positions[:, -1:] + 1
+    finished = torch.zeros(B, dtype=torch.bool, device=model.device)
+    logits, state = out.logits[:, -1], out.hidden[:, -1:]
+    for step in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_k, top_p, generator)
+        if eos_token_id is not None:
+            token = token.masked_fill(finished, eos_token_id)
+            finished |= token == eos_token_id
+        yield token
+        if step + 1 == max_new_tokens or bool(finished.all()):
+            return
+        out = model(
+            token.unsqueeze(1),
+            feedback=None if mode == "standard" else state,
+            position_ids=next_position + step,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits, state = out.logits[:, -1], out.hidden
+
+
+def generate(
+    model: FullBandLM,
+    input_ids: torch.Tensor | Sequence[Sequence[int]],
+    max_new_tokens: int,
+    **kwargs,
+) -> torch.Tensor:
+    """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
+    ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments
+    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes,
+    temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask, seed."""
+    steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
+    if not steps:
+        rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
+        return torch.zeros(rows, 0, dtype=torch.long, device=model.device)
+    return torch.stack(steps, dim=1)
+
+
+@torch.no_grad()
+def sequential_forward(
+    model: FullBandLM, input_ids: torch.Tensor, plain_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact recurrence of SPEC §2 over a given sequence (teacher forcing), one token at a time
+    with the KV cache: position t is fused with h_{t-1} unless it is position 0 or in ``plain_mask``.
+
+    Returns (logits (B, T, V), hidden (B, T, D)). This is the limit that K >= T passes converge to.
+    """
+    B, T = input_ids.shape
+    cache = KVCache(model.config, B, T, model.device, model.embed.weight.dtype)
+    logits, hidden = [], []
+    state = None
+    for t in range(T):
+        plain = None if plain_mask is None else plain_mask[:, t : t + 1]
+        out = model(input_ids[:, t : t + 1], feedback=state, plain_mask=plain, past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+        hidden.append(out.hidden)
+        state = out.hidden
+    return torch.cat(logits, dim=1), torch.cat(hidden, dim=1)

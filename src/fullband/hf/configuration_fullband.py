@@ -1,0 +1,63 @@
+"""Hugging Face configuration of an exported fullband model (``model_type="fullband"``).
+
+This file is copied next to exported weights and loaded by ``transformers`` with ``trust_remote_code``;
+it imports only ``transformers``. The fullband model's own configuration (the fields of
+``FullBandConfig``) is kept verbatim under the ``fullband`` key; the usual Hugging Face names
+(``hidden_size``, ``num_hidden_layers``, ...) are filled in from it for tools that read them.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+DECODE_MODES = ("standard", "soft", "fused")
+
+# Hugging Face attribute name -> fullband field, for tools that read the standard names.
+_STANDARD_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "intermediate_size": "d_ff",
+    "max_position_embeddings": "max_seq_len",
+    "rms_norm_eps": "norm_eps",
+}
+
+
+class FullBandHFConfig(PreTrainedConfig):
+    r"""
+    fullband (dict): the fields of ``fullband.model.FullBandConfig`` (d_model, n_layers, fusion, ...).
+    decode_mode (str): default latent-feedback mode of ``generate()``: "standard", "soft" or "fused".
+    fused_passes (int): default number of extra fused prefill passes in "fused" mode.
+    """
+
+    model_type = "fullband"
+
+    fullband: dict | None = None
+    decode_mode: str = "standard"
+    fused_passes: int = 1
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    # The fullband model ties its embeddings itself (no lm_head when tied); transformers must not tie.
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs):
+        for name in _STANDARD_NAMES:  # derived below; stale copies from a saved config.json are dropped
+            kwargs.pop(name, None)
+        kwargs.pop("head_dim", None)
+        if self.decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode={self.decode_mode!r}; choose one of {', '.join(DECODE_MODES)}")
+        if not isinstance(self.fused_passes, int) or self.fused_passes < 1:
+            raise ValueError(f"fused_passes={self.fused_passes!r} must be a positive integer")
+        super().__post_init__(**kwargs)
+        fb = dict(self.fullband or {})
+        for hf_name, fb_name in _STANDARD_NAMES.items():
+            if fb.get(fb_name) is not None:
+                object.__setattr__(self, hf_name, fb[fb_name])
+        if fb.get("n_heads"):
+            head_dim = fb.get("head_dim") or fb["d_model"] // fb["n_heads"]
+            object.__setattr__(self, "head_dim", head_dim)
+            if fb.get("n_kv_heads") is None:
+                object.__setattr__(self, "num_key_value_heads", fb["n_heads"])

@@ -1,0 +1,138 @@
+"""Export a fullband model directory as a Hugging Face ``trust_remote_code`` model directory."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from fullband.errors import CheckpointError, ConfigError
+from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
+
+_HERE = Path(__file__).resolve().parent
+MODEL_SOURCE = _HERE.parent / "model.py"
+MODEL_FILE = "fullband_model.py"
+MODULE_FILES = ("configuration_fullband.py", "modeling_fullband.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_fullband.FullBandHFConfig",
+    "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
+}
+
+# `from fullband.x import y` / `import fullband.x` inside model.py (lazy helpers such as generate()).
+_PACKAGE_IMPORT = re.compile(r"^(?P<indent>[ \t]*)(?P<stmt>(?:from|import)[ \t]+fullband\b[^\n]*)$", re.MULTILINE)
+
+
+def standalone_model_source(text: str) -> str:
+    """fullband's model.py, made loadable without the fullband package: transformers' remote-code loader
+    refuses a module whose (even lazy) imports name a package that is not installed, so any import of
+    the package is wrapped in ``try/except ImportError`` (which the loader skips). A no-op when model.py
+    has no such import."""
+
+    def wrap(match: re.Match) -> str:
+        indent, stmt = match["indent"], match["stmt"]
+        return (
+            f"{indent}try:  # wrapped by fullband export_hf: optional outside the fullband package\n"
+            f"{indent}    {stmt}\n"
+            f"{indent}except ImportError as exc:\n"
+            f"{indent}    raise ImportError('this helper needs the fullband package (pip install fullband); '\n"
+            f"{indent}                      'with transformers use model.generate()') from exc"
+        )
+
+    out = _PACKAGE_IMPORT.sub(wrap, text)
+    ast.parse(out)
+    return out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
+
+
+def _stored_dtype(model_dir: Path):
+    """The dtype the weights were saved in (the export keeps it), or None if unreadable."""
+    from safetensors import safe_open
+
+    path = model_dir / "model.safetensors"
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as f:
+        name = "embed.weight" if "embed.weight" in f.keys() else next(iter(f.keys()))
+        return f.get_tensor(name).dtype
+
+
+def export_hf(
+    model_dir: str | os.PathLike,
+    dst: str | os.PathLike,
+    decode_mode: str = "standard",
+    fused_passes: int = 1,
+) -> Path:
+    """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the
+    fullband model in ``model_dir`` (config.json + model.safetensors written by ``FullBandLM.save_pretrained``):
+    an HF config (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the
+    tokenizer files of ``model_dir/tokenizer/``. ``decode_mode``/``fused_passes`` become the defaults of
+    ``generate()``."""
+    import torch
+    from transformers import GenerationConfig
+
+    from fullband.hf.configuration_fullband import DECODE_MODES, FullBandHFConfig
+    from fullband.hf.modeling_fullband import FullBandForCausalLM
+    from fullband.model import FullBandLM
+
+    model_dir, dst = Path(model_dir), Path(dst)
+    if decode_mode not in DECODE_MODES:
+        raise ConfigError(f"decode_mode={decode_mode!r} is unknown; choose one of {', '.join(DECODE_MODES)}")
+    if not isinstance(fused_passes, int) or fused_passes < 1:
+        raise ConfigError(f"fused_passes={fused_passes!r} must be a positive integer")
+    try:
+        dtype = _stored_dtype(model_dir)
+        model = FullBandLM.from_pretrained(model_dir, dtype=dtype)
+        dtype = model.embed.weight.dtype
+    except FileNotFoundError as exc:
+        raise CheckpointError(str(exc)) from exc
+    except ValueError as exc:
+        raise CheckpointError(f"cannot export {model_dir}: {exc}") from exc
+
+    tokenizer_dir = model_dir / "tokenizer"
+    generation = {}
+    if (tokenizer_dir / GENERATION_CONFIG).is_file():
+        generation = _read_json(tokenizer_dir / GENERATION_CONFIG)
+    special = {k: generation.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+
+    config = FullBandHFConfig(
+        fullband=model.config.to_dict(),
+        decode_mode=decode_mode,
+        fused_passes=fused_passes,
+        architectures=["FullBandForCausalLM"],
+        auto_map=dict(AUTO_MAP),
+        dtype=dtype,
+        **special,
+    )
+    with torch.device("meta"):
+        hf_model = FullBandForCausalLM(config)
+    hf_model = hf_model.to_empty(device="cpu").to(dtype)
+    hf_model.model.load_state_dict(model.state_dict())
+    hf_model.model.inv_freq.copy_(model.inv_freq)
+    if generation:
+        generation = {k: v for k, v in generation.items() if k != "transformers_version"}
+        hf_model.generation_config = GenerationConfig.from_dict(generation)
+    else:
+        hf_model.generation_config = GenerationConfig.from_model_config(config)
+
+    dst.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(dst)
+    config_path = dst / "config.json"
+    saved = _read_json(config_path)
+    saved["auto_map"] = dict(AUTO_MAP)
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    for name in MODULE_FILES:
+        shutil.copyfile(_HERE / name, dst / name)
+    (dst / MODEL_FILE).write_text(standalone_model_source(MODEL_SOURCE.read_text()))
+    for name in TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copyfile(tokenizer_dir / name, dst / name)
+    return dst

@@ -1,0 +1,9 @@
+"""In-package stand-in for the copy of ``fullband/model.py`` that an export ships as ``fullband_model.py``.
+
+``modeling_fullband.py`` imports ``.fullband_model`` relatively so that the same file works both here and
+in an exported directory; here that resolves to the package's own model code (the same classes).
+"""
+
+from fullband.model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq, shift_right
+
+__all__ = ["FullBandConfig", "FullBandLM", "KVCache", "RMSNorm", "rope_inv_freq", "shift_right"]

@@ -1,0 +1,406 @@
+"""A fullband model inside ``transformers``: ``AutoModelForCausalLM`` + ``generate()`` with latent feedback.
+
+This file is copied next to exported weights (with ``configuration_fullband.py`` and fullband's own
+``model.py`` as ``fullband_model.py``) and loaded with ``trust_remote_code=True``; in-process,
+``fullband.hf.register()`` registers the same classes. The maths is fullband's own ``FullBandLM``: this
+wrapper only routes ``transformers``' generation loop through it.
+
+``generate(decode_mode=..., fused_passes=...)`` (SPEC §4):
+
+- ``"standard"``: the model as an ordinary transformer;
+- ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
+- ``"fused"``: plain prefill plus ``fused_passes`` fused passes over the prompt, then as soft.
+
+The carried top state (B, 1, D) lives in :class:`FullBandCache` next to the KV cache, so batch expansion
+(``num_return_sequences``), sampling and beam search (row reordering) keep it in step with the keys and
+values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_fullband import DECODE_MODES, FullBandHFConfig
+from .fullband_model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq, shift_right
+
+try:  # transformers >= 5: init functions that skip already-loaded tensors
+    from transformers import initialization as _init
+except ImportError:  # pragma: no cover
+    _init = nn.init
+
+# transformers renamed `past_key_values` to `cache` during 5.x; support both spellings.
+_CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _check_mode(decode_mode: str, fused_passes: int) -> None:
+    if decode_mode not in DECODE_MODES:
+        raise ValueError(f"decode_mode={decode_mode!r} is unknown; choose one of {', '.join(DECODE_MODES)}")
+    if not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 1:
+        raise ValueError(f"fused_passes={fused_passes!r} must be a positive integer")
+
+
+class FullBandCache(Cache):
+    """fullband's preallocated :class:`KVCache` plus the carried top state and the decode mode.
+
+    The KV storage is allocated on the first forward (sized by ``max_length`` when ``generate`` knows it)
+    and grows by doubling if a forward would overflow it.
+    """
+
+    def __init__(self, decode_mode: str = "standard", fused_passes: int = 1, max_length: int | None = None):
+        super().__init__(layers=[])
+        _check_mode(decode_mode, fused_passes)
+        self.decode_mode = decode_mode
+        self.fused_passes = fused_passes
+        self.max_length = max_length
+        self.kv: KVCache | None = None
+        self.state: torch.Tensor | None = None  # (B, 1, D): top state of the last processed position
+        self.next_position: torch.Tensor | None = None  # (B, 1): RoPE position of the next token
+
+    def __repr__(self) -> str:
+        return (
+            f"FullBandCache(decode_mode={self.decode_mode!r}, fused_passes={self.fused_passes}, "
+            f"length={self.get_seq_length()}, batch_size={self.batch_size})"
+        )
+
+    # ---- what transformers asks of a cache ----------------------------------------------------------
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.kv is None else self.kv.length
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1  # grows on demand
+
+    @property
+    def batch_size(self) -> int:
+        return -1 if self.kv is None else self.kv.k[0].shape[0]
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.kv is not None
+
+    @property
+    def is_croppable(self) -> bool:
+        return self.decode_mode == "standard"
+
+    @property
+    def is_sliding(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_linear(self) -> list[bool]:
+        return [False]
+
+    @property
+    def is_dummy(self) -> list[bool]:
+        return [False]
+
+    def reset(self) -> None:
+        self.kv, self.state, self.next_position = None, None, None
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep or reorder batch rows (beam search, dropping finished rows); the state follows its row."""
+        if self.kv is None:
+            return
+        indices = indices.to(self.kv.k[0].device)
+        self.kv.select_rows(indices)
+        if self.state is not None:
+            self.state = self.state.index_select(0, indices)
+        if self.next_position is not None:
+            self.next_position = self.next_position.index_select(0, indices)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.kv is not None:
+            rows = torch.arange(self.batch_size, device=self.kv.k[0].device)
+            self.batch_select_indices(rows.repeat_interleave(repeats))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Keep the first ``tokens_to_remove`` positions (negative: drop that many from the end), as
+        transformers' caches do. Only possible in standard mode: the carried top state of an earlier
+        step is not kept, so a latent-feedback cache cannot be rolled back."""
+        length = self.get_seq_length()
+        keep = length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, length)
+        if keep == length:
+            return
+        if self.decode_mode != "standard":
+            raise NotImplementedError(
+                f"FullBandCache cannot be rolled back in {self.decode_mode!r} mode (the fed-back top state of "
+                "earlier steps is not kept); assisted/speculative decoding works in standard mode only"
+            )
+        self.kv.length = max(keep, 0)
+        if self.next_position is not None:
+            self.next_position = self.next_position - (length - self.kv.length)
+
+    # ---- storage --------------------------------------------------------------------------------------
+
+    def ensure_capacity(self, model: FullBandLM, batch_size: int, needed: int) -> KVCache:
+        kv = self.kv
+        if kv is not None and kv.k[0].shape[0] != batch_size:
+            raise ValueError(
+                f"FullBandCache holds {kv.k[0].shape[0]} rows but the input has {batch_size}; "
+                "use reorder_cache / batch_select_indices to change the batch"
+            )
+        if kv is not None and kv.max_len >= needed:
+            return kv
+        capacity = max(needed, self.max_length or 0, 2 * kv.max_len if kv is not None else 0)
+        new = KVCache(model.config, batch_size, capacity, model.device, model.embed.weight.dtype)
+        if kv is not None:
+            n = kv.length
+            for layer in range(len(kv.k)):
+                new.k[layer][:, :, :n] = kv.k[layer][:, :, :n]
+                new.v[layer][:, :, :n] = kv.v[layer][:, :, :n]
+            new.key_mask[:, :n] = kv.key_mask[:, :n]
+            new.length = n
+        self.kv = new
+        return new
+
+
+class FullBandPreTrainedModel(PreTrainedModel):
+    config_class = FullBandHFConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Block"]
+    _supports_sdpa = True
+    supports_gradient_checkpointing = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = FullBandConfig.from_dict(self.config.fullband or {}).init_std
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            _init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                _init.zeros_(module.bias)
+        elif isinstance(module, RMSNorm):
+            _init.ones_(module.weight)
+        elif isinstance(module, FullBandLM):
+            _init.copy_(module.inv_freq, rope_inv_freq(module.config).to(module.inv_freq.dtype))
+
+
+class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
+    """``FullBandLM`` (under ``self.model``) as a ``transformers`` causal LM."""
+
+    def __init__(self, config: FullBandHFConfig):
+        super().__init__(config)
+        self.model = FullBandLM(FullBandConfig.from_dict(config.fullband or {}))
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        self.model.embed = value
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.model.lm_head  # None when tied: FullBandLM reuses the embedding matrix itself
+
+    # ---- forward ------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: FullBandCache | None = None,
+        past_key_values: FullBandCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        decode_mode: str | None = None,
+        fused_passes: int | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
+        """Without a cache: one pass over the sequence ("standard"/"soft": the plain prefill), or in
+        "fused" mode the prefill plus ``fused_passes`` fused passes, returning the last pass's logits.
+        With a :class:`FullBandCache` (``use_cache=True``): an empty cache is prefilled in the cache's
+        decode mode (or ``decode_mode``); a filled one decodes the new tokens, fusing each with the
+        carried top state in soft/fused mode."""
+        if inputs_embeds is not None:
+            raise ValueError("fullband models take input_ids only (inputs_embeds is not supported)")
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        if cache is None:
+            cache = past_key_values
+        if cache is not None and not isinstance(cache, FullBandCache):
+            raise ValueError(
+                f"fullband models need a FullBandCache, got {type(cache).__name__}; let generate() create it "
+                "or pass FullBandCache(decode_mode=...)"
+            )
+        if use_cache is None:
+            use_cache = cache is not None
+        mode = decode_mode if decode_mode is not None else (cache.decode_mode if cache is not None else "standard")
+        passes = fused_passes if fused_passes is not None else (cache.fused_passes if cache is not None else 1)
+        _check_mode(mode, passes)
+        if use_cache and cache is None:
+            cache = FullBandCache(mode, passes)
+
+        if cache is None:
+            logits, hidden = self._fb_prefill(input_ids, attention_mask, position_ids, None, mode, passes)
+        else:
+            logits, hidden = self._fb_cached_forward(cache, input_ids, attention_mask, position_ids, mode, passes)
+
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
+            )
+        if isinstance(logits_to_keep, int):
+            if logits_to_keep > 0:
+                logits = logits[:, -logits_to_keep:]
+        else:
+            logits = logits[:, logits_to_keep]
+        out = CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=(hidden,) if output_hidden_states else None,
+            **{_CACHE_KEY: cache if use_cache else None},
+        )
+        if return_dict is False:
+            return out.to_tuple()
+        return out
+
+    def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes):
+        """Plain pass, plus ``passes`` fused passes in fused mode (SPEC §4); padding and each row's first
+        position stay plain. With ``kv`` the cache of the last pass is kept."""
+        fb = self.model
+        B, T = input_ids.shape
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
+            if position_ids is None:
+                position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        if position_ids is None:
+            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        out = fb(
+            input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=kv, use_cache=kv is not None
+        )
+        if mode == "fused":
+            plain = position_ids == 0
+            if mask is not None:
+                plain = plain | ~mask
+            for _ in range(passes):
+                if kv is not None:
+                    kv.reset()
+                out = fb(
+                    input_ids,
+                    feedback=shift_right(out.hidden),
+                    plain_mask=plain,
+                    attention_mask=mask,
+                    position_ids=position_ids,
+                    past_key_values=kv,
+                    use_cache=kv is not None,
+                )
+        return out.logits, out.hidden
+
+    def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, mode, passes):
+        fb = self.model
+        B, T = input_ids.shape
+        start = cache.get_seq_length()
+        if start == 0:
+            cache.decode_mode, cache.fused_passes = mode, passes
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError("fullband models take a 2-D (batch, length) attention_mask")
+        if position_ids is None:
+            if attention_mask is not None and attention_mask.shape[1] == start + T:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+            elif cache.next_position is not None:
+                position_ids = cache.next_position + torch.arange(T, device=input_ids.device)
+        if position_ids is not None:
+            position_ids = position_ids[:, -T:].to(input_ids.device)
+        kv = cache.ensure_capacity(fb, B, start + T)
+        if start == 0:
+            logits, hidden = self._fb_prefill(input_ids, attention_mask, position_ids, kv, cache.decode_mode, passes)
+            if position_ids is None:
+                position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
+        else:
+            if position_ids is None:
+                position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
+            mask = None
+            if attention_mask is not None:
+                mask = attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
+            if cache.decode_mode == "standard" or cache.state is None:
+                out = fb(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=kv, use_cache=True)
+                logits, hidden = out.logits, out.hidden
+            else:
+                # Soft/fused decoding: token t is fused with the top state of position t-1 (the recurrence).
+                logits_steps, hidden_steps = [], []
+                for t in range(T):
+                    out = fb(
+                        input_ids[:, t : t + 1],
+                        feedback=cache.state,
+                        attention_mask=None if mask is None else mask[:, t : t + 1],
+                        position_ids=position_ids[:, t : t + 1],
+                        past_key_values=kv,
+                        use_cache=True,
+                    )
+                    cache.state = out.hidden
+                    logits_steps.append(out.logits)
+                    hidden_steps.append(out.hidden)
+                logits, hidden = torch.cat(logits_steps, dim=1), torch.cat(hidden_steps, dim=1)
+        cache.state = hidden[:, -1:]
+        cache.next_position = position_ids[:, -1:] + 1
+        return logits, hidden
+
+    # ---- generation -----------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        inputs=None,
+        generation_config=None,
+        decode_mode: str | None = None,
+        fused_passes: int | None = None,
+        **kwargs,
+    ):
+        """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
+        "fused"; default ``config.decode_mode``) and ``fused_passes`` (default ``config.fused_passes``).
+        Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted
+        decoding only in standard mode (it rolls the cache back)."""
+        mode = decode_mode if decode_mode is not None else self.config.decode_mode
+        passes = fused_passes if fused_passes is not None else self.config.fused_passes
+        _check_mode(mode, passes)
+        if mode != "standard":
+            no_cache = kwargs.get("use_cache") is False or (
+                generation_config is not None and getattr(generation_config, "use_cache", True) is False
+            )
+            if no_cache:
+                raise ValueError(f"decode_mode={mode!r} carries the top state in the cache: use_cache must be True")
+            if kwargs.get("assistant_model") is not None or kwargs.get("prompt_lookup_num_tokens"):
+                raise ValueError(
+                    f"assisted decoding is not supported with decode_mode={mode!r}: it rolls the cache back, and "
+                    "the fed-back top state cannot be rolled back; use decode_mode='standard'"
+                )
+        return super().generate(inputs, generation_config, decode_mode=mode, fused_passes=passes, **kwargs)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+        if cache is None and generation_config.use_cache is False:
+            return
+        if cache is None:
+            cache = FullBandCache(
+                model_kwargs.get("decode_mode") or self.config.decode_mode,
+                model_kwargs.get("fused_passes") or self.config.fused_passes,
+            )
+            model_kwargs[_CACHE_KEY] = cache
+        elif not isinstance(cache, FullBandCache):
+            raise ValueError(f"fullband models need a FullBandCache, got {type(cache).__name__}")
+        else:
+            cache._is_user_defined = True
+        max_length = getattr(generation_config, "max_length", None)
+        if max_length:
+            cache.max_length = max(cache.max_length or 0, int(max_length))
+
+
+__all__ = ["FullBandCache", "FullBandForCausalLM", "FullBandPreTrainedModel"]

@@ -1,0 +1,587 @@
+"""The full-bandwidth transformer, in one file.
+
+A decoder-only transformer (pre-norm RMSNorm blocks, RoPE, SwiGLU, grouped-query attention) whose
+input at position t can be the token embedding fused with the previous position's top hidden state
+(SPEC §2). The same ``forward`` serves training, multi-pass training, prefill and cached decoding.
+
+This file imports nothing from the rest of the package on purpose: the Hugging Face export copies it
+next to the weights so that ``trust_remote_code`` models run exactly this code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FUSIONS = ("gate", "concat", "add")
+FEEDBACK_SOURCES = ("final_norm", "residual")
+ROPE_TYPES = ("default", "linear", "llama3")
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+@dataclass
+class FullBandConfig:
+    vocab_size: int = 259
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None: same as n_heads (plain multi-head attention)
+    head_dim: int | None = None  # None: d_model // n_heads
+    d_ff: int = 768
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "linear"|"llama3", ...} as in HF configs
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    attn_output_gate: bool = False  # a sigmoid gate per head on the attention output
+    sliding_window: int | None = None  # keys visible to a query: the last `sliding_window` positions
+    full_attention_every: int = 0  # with a window: layers i with (i+1) % n == 0 stay full; 0 = none
+    tie_embeddings: bool = True
+    fusion: str = "gate"
+    feedback_source: str = "final_norm"
+    feedback_jitter: float = 0.02
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        self.validate()
+
+    def _fail(self, name: str, message: str) -> None:
+        raise ValueError(f"FullBandConfig.{name}={getattr(self, name)!r}: {message}")
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                self._fail(name, "must be a positive integer")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (or set head_dim)")
+        if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
+            self._fail("head_dim", "must be a positive even integer (RoPE rotates pairs)")
+        if self.n_heads % self.n_kv_heads:
+            self._fail("n_heads", f"must be a multiple of n_kv_heads={self.n_kv_heads}")
+        if self.resolved_head_dim % 2:
+            self._fail("d_model", "d_model // n_heads must be even (RoPE rotates pairs)")
+        if self.fusion not in FUSIONS:
+            self._fail("fusion", f"allowed values: {', '.join(FUSIONS)}")
+        if self.feedback_source not in FEEDBACK_SOURCES:
+            self._fail("feedback_source", f"allowed values: {', '.join(FEEDBACK_SOURCES)}")
+        if self.feedback_jitter < 0:
+            self._fail("feedback_jitter", "must be >= 0")
+        if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
+            raise ValueError("FullBandConfig: norm_eps, rope_theta and init_std must be > 0")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            self._fail("sliding_window", "must be None (full attention) or a positive integer")
+        if self.full_attention_every < 0:
+            self._fail("full_attention_every", "must be >= 0 (0: every layer uses the window)")
+        if self.rope_scaling is not None:
+            rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
+            if rope_type not in ROPE_TYPES:
+                self._fail("rope_scaling", f"rope_type must be one of {', '.join(ROPE_TYPES)}")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        if self.sliding_window is None:
+            return False
+        return not (self.full_attention_every > 0 and (layer + 1) % self.full_attention_every == 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FullBandConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"FullBandConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> FullBandConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+# --------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 for bf16 stability, as Llama-family checkpoints expect.
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_inv_freq(config: FullBandConfig) -> torch.Tensor:
+    dim = config.resolved_head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif rope_type == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        inv_freq = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(is_medium, scaled, inv_freq)
+    return inv_freq
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: FullBandConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = config.n_heads, config.n_kv_heads
+        self.head_dim = config.resolved_head_dim
+        self.window = config.sliding_window if config.layer_is_sliding(layer) else None
+        d, hd = config.d_model, self.head_dim
+        self.q_proj = nn.Linear(d, self.n_heads * hd, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(d, self.n_kv_heads * hd, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, d, bias=False)
+        self.q_norm = RMSNorm(hd, config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(hd, config.norm_eps) if config.qk_norm else None
+        self.gate_proj = nn.Linear(d, self.n_heads, bias=False) if config.attn_output_gate else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        masks: dict[int | None, torch.Tensor | None],
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        mask = masks[self.window]
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        y = y.transpose(1, 2)  # (B, T, H, hd)
+        if self.gate_proj is not None:
+            y = y * torch.sigmoid(self.gate_proj(x)).unsqueeze(-1)
+        return self.o_proj(y.reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.up_proj = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.down_proj = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: FullBandConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, masks, cache):
+        x = x + self.attn(self.attn_norm(x), cos, sin, masks, cache, self.layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+# --------------------------------------------------------------------------------------------------
+# The latent feedback: fusing the previous top state h with the token embedding e (SPEC §2)
+
+
+class Fusion(nn.Module):
+    """e ⊗ h. ``gate`` (paper Eq. 4): RMSNorm((W_U h) ⊙ sigmoid(W_G RMSNorm(e))); the state is the value
+    and the token only gates it, so the model cannot ignore the state. Ablations: ``concat``
+    RMSNorm(W [e; h]) and ``add`` e + W h."""
+
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        self.kind = config.fusion
+        d, eps = config.d_model, config.norm_eps
+        if self.kind == "gate":
+            self.value_proj = nn.Linear(d, d, bias=False)  # W_U
+            self.gate_proj = nn.Linear(d, d, bias=False)  # W_G
+            self.embed_norm = RMSNorm(d, eps)
+            self.out_norm = RMSNorm(d, eps)
+        elif self.kind == "concat":
+            self.proj = nn.Linear(2 * d, d, bias=False)
+            self.out_norm = RMSNorm(d, eps)
+        else:
+            self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gate":
+            return self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(self.embed_norm(e))))
+        if self.kind == "concat":
+            return self.out_norm(self.proj(torch.cat([e, h], dim=-1)))
+        return e + self.proj(h)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache: preallocated once per generation; decoding writes in place, never concatenates.
+
+
+class KVCache:
+    """Keys and values of every layer for a batch, preallocated to ``max_len`` positions.
+
+    All rows share one write position (prompts are left-padded); ``key_mask`` marks which cached
+    positions hold real tokens, so padding is never attended to.
+    """
+
+    def __init__(self, config: FullBandConfig, batch_size: int, max_len: int, device=None, dtype=None):
+        shape = (batch_size, config.n_kv_heads, max_len, config.resolved_head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
+        self.key_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        self.max_len = max_len
+        self.length = 0  # positions written so far (committed after the forward's last layer)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KVCache holds {self.max_len} positions; writing up to {end} would overflow")
+        self.k[layer][:, :, self.length : end] = k
+        self.v[layer][:, :, self.length : end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or reorder) batch rows, e.g. to drop finished sequences or for beam search."""
+        self.k = [t.index_select(0, index) for t in self.k]
+        self.v = [t.index_select(0, index) for t in self.v]
+        self.key_mask = self.key_mask.index_select(0, index)
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, V)
+    hidden: torch.Tensor  # (B, T, D): the state that would be fed back, per config.feedback_source
+    past_key_values: KVCache | None = None
+
+
+@dataclass
+class MultipassOutput:
+    logits: list[torch.Tensor]  # one (B, T, V) tensor per pass
+    hidden: list[torch.Tensor]  # one (B, T, D) tensor per pass
+    loss: torch.Tensor | None = None  # Eq. 12: L1 + λ·mean(L2..LK) (+ z-loss)
+    pass_losses: list[torch.Tensor] = field(default_factory=list)  # next-token loss of each pass
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+class FullBandLM(nn.Module):
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.fusion = Fusion(config)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def reset_fusion_parameters(self) -> None:
+        """Fresh fusion weights, for adding feedback to a standard checkpoint (mid-training)."""
+        for module in self.fusion.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def num_parameters(self, include_fusion: bool = True) -> int:
+        fusion = 0 if include_fusion else sum(p.numel() for p in self.fusion.parameters())
+        return sum(p.numel() for p in self.parameters()) - fusion
+
+    # ---- the forward pass -----------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        feedback: torch.Tensor | None = None,
+        plain_mask: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """One pass of the stack.
+
+        feedback: (B, T, D), row t is the state fused into position t (the caller passes h_{t-1} at t);
+        None means every position is plain. plain_mask: (B, T) bool, positions that stay plain even
+        with feedback. attention_mask: (B, T) (or (B, cache length + T) with a cache), 1 = real token,
+        0 = padding that no query may attend to. position_ids: (B, T) RoPE positions; by default
+        the cache length + arange(T).
+        """
+        B, T = input_ids.shape
+        cache = past_key_values
+        if use_cache and cache is None:
+            cache = KVCache(self.config, B, self.config.max_seq_len, self.device, self.embed.weight.dtype)
+        start = cache.length if cache is not None else 0
+
+        x = self.embed(input_ids)
+        if feedback is not None:
+            fused = self.fusion(x, feedback.to(x.dtype))
+            x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
+
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
+        angles = position_ids.unsqueeze(-1).to(self.inv_freq.dtype) * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hd)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+        masks = self._attention_masks(B, T, start, attention_mask, cache)
+        for block in self.layers:
+            x = block(x, cos, sin, masks, cache)
+        if cache is not None:
+            cache.length = start + T
+
+        normed = self.norm(x)
+        hidden = normed if self.config.feedback_source == "final_norm" else x
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(normed, weight)
+        return ModelOutput(logits=logits, hidden=hidden, past_key_values=cache if use_cache else None)
+
+    def _attention_masks(self, B, T, start, attention_mask, cache) -> dict[int | None, torch.Tensor | None]:
+        """Boolean SDPA masks (True = may attend) keyed by window size (None = full attention).
+
+        A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
+        """
+        windows = {layer.attn.window for layer in self.layers}
+        device = self.device
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+            if cache is not None:
+                if attention_mask.shape[1] == start + T:
+                    attention_mask = attention_mask[:, start:]
+                cache.key_mask[:, start : start + T] = attention_mask
+        n_keys = start + T
+        key_mask = None
+        if cache is not None and not bool(cache.key_mask[:, :n_keys].all()):
+            key_mask = cache.key_mask[:, :n_keys]
+        elif cache is None and attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask
+        masks: dict[int | None, torch.Tensor | None] = {}
+        for window in windows:
+            need_window = window is not None and n_keys > window
+            if key_mask is None and not need_window and (start == 0 or T == 1):
+                masks[window] = None  # causal (T > 1, no cache offset) or a single query seeing all keys
+                continue
+            q_pos = torch.arange(start, start + T, device=device).unsqueeze(1)
+            k_pos = torch.arange(n_keys, device=device).unsqueeze(0)
+            allowed = k_pos <= q_pos
+            if need_window:
+                allowed = allowed & (k_pos > q_pos - window)
+            allowed = allowed.expand(B, T, n_keys)
+            if key_mask is not None:
+                # A query always sees itself, so a padding row never has all keys masked (NaN in SDPA).
+                allowed = (allowed & key_mask.unsqueeze(1)) | (k_pos == q_pos)
+            masks[window] = allowed.unsqueeze(1)
+        return masks
+
+    # ---- multi-pass (Jacobi) computation and the training objective (SPEC §3) --------------------
+
+    def multipass(
+        self,
+        input_ids: torch.Tensor,
+        passes: int,
+        labels: torch.Tensor | None = None,
+        plain_mask: torch.Tensor | None = None,
+        bos_token_id: int | None = None,
+        jitter: float | None = None,
+        prefix_mixin: float = 0.0,
+        detach: bool = False,
+        later_pass_weight: float = 1.0,
+        z_loss: float = 0.0,
+        ignore_index: int = -100,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> MultipassOutput:
+        """K passes over the whole sequence, all positions in parallel.
+
+        Pass 1 is a plain forward; pass k >= 2 fuses position t with pass k-1's top state at t-1
+        (plus jitter ε ~ U[-σ, σ], σ = ``jitter``, default config.feedback_jitter in training mode
+        and 0 in eval mode). Position 0, positions in ``plain_mask`` and positions holding
+        ``bos_token_id`` (document starts) stay plain in every pass. ``prefix_mixin`` = f > 0 draws per
+        sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
+        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned.
+        ``generator`` may be one generator per row, so that a row's random draws do not depend on
+        which rank or micro-batch it lands in.
+        """
+        if passes < 1:
+            raise ValueError(f"passes must be >= 1, got {passes}")
+        B, T = input_ids.shape
+        device = input_ids.device
+        if jitter is None:
+            jitter = self.config.feedback_jitter if self.training else 0.0
+        plain = torch.zeros(B, T, dtype=torch.bool, device=device)
+        plain[:, 0] = True
+        if plain_mask is not None:
+            plain |= plain_mask.to(device=device, dtype=torch.bool)
+        if bos_token_id is not None:
+            plain |= input_ids == bos_token_id
+        if prefix_mixin > 0 and passes > 1:
+            max_prefix = max(1, math.ceil(prefix_mixin * T))
+            p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
+            plain |= torch.arange(T, device=device).unsqueeze(0) <= p
+
+        out = MultipassOutput(logits=[], hidden=[])
+        feedback = None
+        for k in range(passes):
+            step = self(
+                input_ids,
+                feedback=feedback,
+                plain_mask=plain if k > 0 else None,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+            )
+            out.logits.append(step.logits)
+            out.hidden.append(step.hidden)
+            if labels is not None:
+                out.pass_losses.append(
+                    F.cross_entropy(step.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index)
+                )
+            if k + 1 < passes:
+                h = step.hidden.detach() if detach else step.hidden
+                feedback = shift_right(h)
+                if jitter > 0:
+                    noise = uniform(feedback.shape, generator, device, feedback.dtype)
+                    feedback = feedback + (2 * noise - 1) * jitter
+        if labels is not None:
+            loss = out.pass_losses[0]
+            if passes > 1:
+                loss = loss + later_pass_weight * torch.stack(out.pass_losses[1:]).mean()
+            if z_loss > 0:
+                valid = (labels != ignore_index).flatten()
+                lse = torch.stack([lg.flatten(0, 1).float().logsumexp(-1)[valid].pow(2).mean() for lg in out.logits])
+                loss = loss + z_loss * lse.mean()
+            out.loss = loss
+        return out
+
+    # ---- decoding (the loop lives in fullband.generation; it only calls forward) -------------------
+
+    def generate(self, input_ids, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        """Generate new tokens; see ``fullband.generation.generate`` for the arguments."""
+        from fullband.generation import generate
+
+        return generate(self, input_ids, max_new_tokens, **kwargs)
+
+    def generate_stream(self, input_ids, max_new_tokens: int, **kwargs):
+        """Yield one (B,) tensor of new tokens per step; see ``fullband.generation.generate_stream``."""
+        from fullband.generation import generate_stream
+
+        return generate_stream(self, input_ids, max_new_tokens, **kwargs)
+
+    # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = directory / (WEIGHTS_NAME + ".tmp")
+        save_file(state, str(tmp), metadata={"format": "pt", "library": "fullband"})
+        os.replace(tmp, directory / WEIGHTS_NAME)
+        self.config.save(directory / CONFIG_NAME)
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+    ) -> FullBandLM:
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(
+                    f"{directory} is not a fullband model directory: {name} is missing "
+                    "(expected config.json and model.safetensors written by save_pretrained)"
+                )
+        config = FullBandConfig.load(directory / CONFIG_NAME)
+        model = cls(config)
+        try:
+            state = load_file(str(directory / WEIGHTS_NAME))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected or missing:
+            raise ValueError(
+                f"{directory / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {unexpected}"
+            )
+        return model.to(device=device, dtype=dtype)
+
+
+def uniform(shape, generator, device, dtype) -> torch.Tensor:
+    """U[0, 1) samples; with a list of per-row generators, row i is drawn from generator i."""
+    if isinstance(generator, (list, tuple)):
+        return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generator])
+    return torch.rand(shape, generator=generator, device=device, dtype=dtype)
+
+
+def shift_right(h: torch.Tensor) -> torch.Tensor:
+    """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
+    return F.pad(h[:, :-1], (0, 0, 1, 0))

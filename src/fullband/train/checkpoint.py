@@ -1,0 +1,164 @@
+"""Training checkpoints: written to a temporary directory and renamed into place, with a manifest of
+sizes and sha256 sums written last, so a half-written checkpoint is never mistaken for a whole one.
+
+Layout of ``RUN/checkpoints/step_00000100/``::
+
+    model/config.json, model/model.safetensors, model/tokenizer/   (a loadable model directory)
+    optimizer.pt, rng.pt      (tensors and plain values only: loaded with weights_only=True)
+    trainer_state.json        (step, tokens, loader position, counters)
+    manifest.json             (written last: every file's size and sha256)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullband.errors import CheckpointError
+
+MANIFEST = "manifest.json"
+PREFIX = "step_"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+
+
+def write_checkpoint(
+    run_dir: Path,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    model_config: Any,
+    tokenizer_dir: Path | None,
+    optimizer_state: Any,
+    trainer_state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones."""
+    from safetensors.torch import save_file
+
+    root = run_dir / "checkpoints"
+    final = root / f"{PREFIX}{step:08d}"
+    tmp = root / f".tmp-{PREFIX}{step:08d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "model").mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model_state.items()}, str(tmp / "model" / "model.safetensors"),
+              metadata={"format": "pt", "library": "fullband"})
+    model_config.save(tmp / "model" / "config.json")
+    if tokenizer_dir is not None:
+        shutil.copytree(tokenizer_dir, tmp / "model" / "tokenizer")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+    files = {
+        str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(tmp.rglob("*"))
+        if p.is_file()
+    }
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2))
+    _fsync_tree(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete-looking checkpoint directories (renamed into place), oldest first."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file in the manifest is present with its size and sha256."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({exc})") from None
+    for name, meta in files.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path}: {name} is missing")
+        if file.stat().st_size != meta["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says {meta['bytes']} "
+                "(truncated or overwritten)"
+            )
+        if _sha256(file) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupt)")
+
+
+def latest_valid_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint that verifies; corrupt ones are reported on stderr and skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            verify_checkpoint(path)
+            return path
+        except CheckpointError as exc:
+            print(f"warning: skipping {exc}", file=sys.stderr)
+    return None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Load the non-model parts of a verified checkpoint (no pickle: weights_only=True)."""
+    return {
+        "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
+        "rng": torch.load(path / "rng.pt", weights_only=True),
+        "trainer_state": json.loads((path / "trainer_state.json").read_text()),
+    }
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """Accept a model directory, a training checkpoint, or a run directory (its newest valid
+    checkpoint) and return the model directory (config.json + model.safetensors) inside."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return path
+    if (path / "model" / "config.json").is_file():
+        verify_checkpoint(path)
+        return path / "model"
+    if (path / "checkpoints").is_dir():
+        latest = latest_valid_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(f"run directory {path} has no complete checkpoint")
+        return latest / "model"
+    raise CheckpointError(
+        f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
+        "(model/ + manifest.json) nor a run directory (checkpoints/)"
+    )
+
+
+def find_tokenizer_dir(model_dir: Path) -> Path | None:
+    """The tokenizer saved with a model: MODEL/tokenizer, else the run's tokenizer/ two levels up."""
+    for candidate in (model_dir / "tokenizer", model_dir.parent.parent.parent / "tokenizer"):
+        if candidate.is_dir():
+            return candidate
+    return None

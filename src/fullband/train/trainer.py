@@ -1,0 +1,469 @@
+"""The training loop: the scheduled multi-pass objective of SPEC §3 on one CPU, one GPU, or many
+GPUs under torchrun (DDP or FSDP2), with atomic checkpoints and exact resume.
+
+Randomness is derived from (seed, step, micro-batch, global row) rather than carried in a global RNG:
+K per step, the prefix-mixin length and the jitter of each row are the same whichever rank the row
+lands on and whether or not the run was interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
+from fullband.data import PreparedDataset, TokenLoader, load_tokenizer, open_dataset, prepare_dataset
+from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
+from fullband.eval import EvalResult, evaluate
+from fullband.model import FullBandConfig, FullBandLM
+from fullband.train.checkpoint import latest_valid_checkpoint, read_checkpoint, resolve_model_dir, write_checkpoint
+from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
+from fullband.train.schedule import PassSchedule
+
+# Fields a mid-training run may set differently from the checkpoint it starts from.
+FEEDBACK_FIELDS = ("fusion", "feedback_source", "feedback_jitter")
+
+
+class TrainingDiverged(FullbandError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    steps: int
+    tokens: int
+    compute_tokens: int  # token-equivalent compute: sum over steps of tokens × passes
+    skipped_steps: int
+    finished: bool  # False when stopped by train.stop_after_steps
+    final_eval: EvalResult | None
+
+
+class MultipassObjective(nn.Module):
+    """Routes the multi-pass loss through ``forward`` so DDP sees it (DDP hooks ``__call__``)."""
+
+    def __init__(self, model: FullBandLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        return self.model.multipass(**kwargs)
+
+
+def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
+    return (((seed * 1_000_003 + step) * 1_009 + micro) * 1_000_033 + row) % (2**63 - 1)
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: RunConfig,
+        out_dir: str | os.PathLike,
+        data_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        init_from: str | os.PathLike | None = None,
+    ):
+        self.cfg = config
+        self.out_dir = Path(out_dir)
+        self.data_dir = Path(data_dir) if data_dir else self.out_dir / "data"
+        self.resume = resume
+        self.init_from = Path(init_from) if init_from else None
+        self._setup_distributed()
+        self.train_cfg = config.train
+
+    # ---- setup -----------------------------------------------------------------------------------
+
+    def _setup_distributed(self) -> None:
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = self.cfg.train.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and self.world_size > 1:
+            device = f"cuda:{local_rank}"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        self.is_main = self.rank == 0
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def _log(self, message: str) -> None:
+        if self.is_main:
+            print(message, file=sys.stderr, flush=True)
+
+    def _check_out_dir(self) -> None:
+        has_checkpoints = (self.out_dir / "checkpoints").is_dir() and any((self.out_dir / "checkpoints").iterdir())
+        if not self.resume and has_checkpoints:
+            raise ConfigError(
+                f"{self.out_dir} already holds checkpoints of a run. Pass --resume to continue it, or "
+                "choose another --out-dir."
+            )
+        if self.resume and not (self.out_dir / "config.yaml").is_file():
+            raise ConfigError(f"--resume: {self.out_dir} holds no run (config.yaml is missing)")
+
+    def _check_resume_config(self) -> None:
+        """The resolved config (model vocabulary from the tokenizer etc.) must match the saved run's."""
+        import yaml
+
+        saved = self.out_dir / "config.yaml"
+
+        before = build_config(yaml.safe_load(saved.read_text()), source=str(saved)).flat()
+        now = self.cfg.flat()
+        changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and before.get(k) != now[k])
+        if changed:
+            details = "; ".join(f"{k}: {before.get(k)!r} -> {now[k]!r}" for k in changed)
+            raise ConfigError(
+                f"--resume: {self.out_dir} was trained with a different config ({details}). Resume with the "
+                "run's own config (OUT_DIR/config.yaml), or start a new run in another --out-dir."
+            )
+
+    def _prepare_data(self) -> PreparedDataset:
+        if self.is_main:
+            prepare_dataset(self.cfg.data, self.data_dir)
+        self._barrier()
+        dataset = open_dataset(self.data_dir, verify=self.is_main)
+        if dataset.manifest.get("data_fingerprint") != self.cfg.data.fingerprint():
+            raise DataError(
+                f"the prepared dataset in {self.data_dir} was made from another data config; point --data-dir "
+                "at a fresh directory or prepare it again with this config"
+            )
+        return dataset
+
+    def _build_model(self, dataset: PreparedDataset) -> FullBandLM:
+        model_cfg = self.cfg.model
+        if self.init_from is not None:
+            model_dir = resolve_model_dir(self.init_from)
+            base = FullBandConfig.load(model_dir / "config.json").to_dict()
+            base.update({k: getattr(model_cfg, k) for k in FEEDBACK_FIELDS})
+            model_cfg = FullBandConfig.from_dict(base)
+            self._check_tokenizer(model_dir, dataset)
+        elif model_cfg.vocab_size != dataset.vocab_size:
+            # A model trained from scratch takes its vocabulary from the tokenizer.
+            model_cfg = FullBandConfig.from_dict({**model_cfg.to_dict(), "vocab_size": dataset.vocab_size})
+        if dataset.vocab_size > model_cfg.vocab_size:
+            raise DataError(
+                f"the data's tokenizer has {dataset.vocab_size} tokens but the model's vocabulary has "
+                f"{model_cfg.vocab_size}: prepare the data with the checkpoint's tokenizer"
+            )
+        if self.train_cfg.seq_len > model_cfg.max_seq_len:
+            raise ConfigError(
+                f"train.seq_len={self.train_cfg.seq_len} is longer than the model's max_seq_len="
+                f"{model_cfg.max_seq_len}; lower train.seq_len"
+            )
+        self.cfg.model = model_cfg
+        torch.manual_seed(self.train_cfg.seed)
+        model = FullBandLM(model_cfg)
+        if self.init_from is not None:
+            self._load_init_weights(model, model_dir)
+        return model.to(self.device)
+
+    def _check_tokenizer(self, model_dir: Path, dataset: PreparedDataset) -> None:
+        tokenizer_dir = model_dir / "tokenizer"
+        if not tokenizer_dir.is_dir():
+            return
+        try:
+            theirs = load_tokenizer(tokenizer_dir).fingerprint()
+        except FullbandError:
+            return  # a tokenizer format fullband cannot read: the vocabulary-size check still applies
+        if theirs != dataset.tokenizer.fingerprint():
+            raise DataError(
+                f"tokenizer mismatch: {self.init_from} was trained with the tokenizer in {tokenizer_dir}, but "
+                f"the data in {self.data_dir} was prepared with another one. Prepare the data with "
+                f"--data.tokenizer {tokenizer_dir} (and a fresh --data-dir)."
+            )
+
+    def _load_init_weights(self, model: FullBandLM, model_dir: Path) -> None:
+        from safetensors.torch import load_file
+
+        state = load_file(str(model_dir / "model.safetensors"))
+        state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith("fusion.")]
+        if missing or unexpected:
+            raise CheckpointError(f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}")
+        # The feedback path starts fresh: the paper introduces feedback late in training.
+        torch.manual_seed(self.train_cfg.seed + 1)
+        model.reset_fusion_parameters()
+        self._log(f"initialised from {model_dir}; fusion weights freshly initialised")
+
+    def _wrap(self, model: FullBandLM) -> nn.Module:
+        if self.train_cfg.compile:
+            model.compile()
+        objective: nn.Module = MultipassObjective(model)
+        if self.world_size > 1:
+            if self.train_cfg.parallel == "fsdp":
+                from torch.distributed.fsdp import fully_shard
+
+                for block in model.layers:
+                    fully_shard(block)
+                fully_shard(model)
+            else:
+                from torch.nn.parallel import DistributedDataParallel
+
+                # K = 1 steps leave the fusion weights unused; every rank draws the same K.
+                objective = DistributedDataParallel(
+                    objective, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    find_unused_parameters=True,
+                )
+        return objective
+
+    # ---- state -----------------------------------------------------------------------------------
+
+    def _state_dicts(self, model, optimizers):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizers, options=options)
+
+    def _load_state(self, model, optimizers, checkpoint: Path) -> dict:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        parts = read_checkpoint(checkpoint)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, load_file(str(checkpoint / "model" / "model.safetensors")), options=options)
+        set_optimizer_state_dict(model, optimizers, parts["optimizer"], options=options)
+        torch.set_rng_state(parts["rng"]["torch"])
+        return parts["trainer_state"]
+
+    # ---- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        t, cfg = self.train_cfg, self.cfg
+        self._check_out_dir()
+        dataset = self._prepare_data()
+        model = self._build_model(dataset)
+        if self.resume:
+            self._check_resume_config()
+        if self.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            cfg.save(self.out_dir / "config.yaml")
+            if not (self.out_dir / "tokenizer").exists():
+                shutil.copytree(dataset.path / "tokenizer", self.out_dir / "tokenizer")
+        objective = self._wrap(model)
+        optimizers = build_optimizers(model, t)
+        schedule = PassSchedule.parse(t.schedule)
+        loader = TokenLoader(dataset.split("train"), t.seq_len, t.batch_size, t.seed, self.rank, self.world_size)
+        tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
+        total_steps = max(1, math.ceil(t.tokens / tokens_per_step))
+
+        step = tokens = compute_tokens = skipped = consecutive_bad = 0
+        if self.resume:
+            checkpoint = latest_valid_checkpoint(self.out_dir)
+            if checkpoint is not None:
+                state = self._load_state(model, optimizers, checkpoint)
+                step, tokens, compute_tokens = state["step"], state["tokens"], state["compute_tokens"]
+                skipped, consecutive_bad = state["skipped_steps"], state["consecutive_bad_steps"]
+                loader.load_state_dict(state["loader"])
+                self._truncate_logs(step)
+                self._log(f"resumed from {checkpoint} at step {step}")
+            else:
+                self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
+
+        metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
+        writer = self._tensorboard()
+        progress = self._progress(total_steps, step)
+        autocast = self._autocast()
+        model.train()
+        started, start_step = time.perf_counter(), step
+        final_eval = None
+        try:
+            while step < total_steps:
+                passes = schedule.passes_for_step(step, total_steps, t.seed)
+                lr = set_lr(optimizers, lr_multiplier(step, total_steps, t))
+                z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, total_steps, t)) else 0.0
+                loss_sum, pass_sums = 0.0, [0.0] * passes
+                for micro in range(t.grad_accum):
+                    batch = loader.next_batch().to(self.device)
+                    generators = [
+                        torch.Generator(device=self.device).manual_seed(_row_seed(t.seed, step, micro, row))
+                        for row in range(self.rank, t.batch_size, self.world_size)
+                    ]
+                    sync = micro + 1 == t.grad_accum or not hasattr(objective, "no_sync")
+                    with (contextlib.nullcontext() if sync else objective.no_sync()), autocast:
+                        out = objective(
+                            input_ids=batch.input_ids, passes=passes, labels=batch.targets,
+                            plain_mask=batch.plain_mask, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
+                            later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
+                        )
+                    (out.loss / t.grad_accum).backward()
+                    loss_sum += out.loss.item() / t.grad_accum
+                    for k, pass_loss in enumerate(out.pass_losses):
+                        pass_sums[k] += pass_loss.item() / t.grad_accum
+                grad_norm = self._clip(model)
+                values = self._all_mean(torch.tensor([loss_sum, grad_norm, *pass_sums], dtype=torch.float64))
+                loss_value, grad_norm = values[0], values[1]
+                good = math.isfinite(loss_value) and math.isfinite(grad_norm)
+                if good:
+                    for opt in optimizers:
+                        opt.step()
+                    consecutive_bad = 0
+                else:
+                    skipped += 1
+                    consecutive_bad += 1
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                step += 1
+                tokens += tokens_per_step
+                compute_tokens += tokens_per_step * passes
+                record = {
+                    "step": step, "tokens": tokens, "compute_tokens": compute_tokens, "loss": loss_value,
+                    "passes": passes, "pass_losses": values[2:], "lr": lr, "grad_norm": grad_norm,
+                    "skipped": not good, "elapsed_s": round(time.perf_counter() - started, 3),
+                    "tokens_per_s": round((step - start_step) * tokens_per_step / (time.perf_counter() - started), 1),
+                }
+                self._write_metrics(metrics, writer, record)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(loss=f"{loss_value:.4f}", K=passes, tok_s=f"{record['tokens_per_s']:.0f}")
+                elif self.is_main and (step % t.log_every == 0 or step == total_steps):
+                    self._log(
+                        f"step {step}/{total_steps} | loss {loss_value:.4f} | K {passes} | lr {lr:.2e} | "
+                        f"{record['tokens_per_s']:.0f} tok/s"
+                    )
+                if consecutive_bad >= t.max_bad_steps:
+                    raise TrainingDiverged(
+                        f"{consecutive_bad} consecutive steps had a non-finite loss or gradient (last at step "
+                        f"{step}); stopping. The last good checkpoint in {self.out_dir / 'checkpoints'} is intact: "
+                        "lower train.lr, raise train.warmup_steps or enable train.z_loss, then --resume."
+                    )
+                if t.eval_every and step % t.eval_every == 0 and step < total_steps:
+                    self._evaluate(model, dataset, step, tokens, autocast, writer)
+                stop_now = t.stop_after_steps and step - start_step >= t.stop_after_steps
+                if (t.ckpt_every and step % t.ckpt_every == 0) or step == total_steps or stop_now:
+                    state = {"step": step, "tokens": tokens, "compute_tokens": compute_tokens,
+                             "skipped_steps": skipped, "consecutive_bad_steps": consecutive_bad,
+                             "loader": loader.state_dict()}
+                    self._save(model, optimizers, state, dataset)
+                if stop_now:
+                    break
+            if step == total_steps:
+                final_eval = self._evaluate(model, dataset, step, tokens, autocast, writer)
+        finally:
+            if progress is not None:
+                progress.close()
+            if metrics is not None:
+                metrics.close()
+            if writer is not None:
+                writer.close()
+        return TrainResult(self.out_dir, step, tokens, compute_tokens, skipped, step == total_steps, final_eval)
+
+    # ---- pieces of the loop ----------------------------------------------------------------------
+
+    def _autocast(self):
+        dtype = self.train_cfg.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        if dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+    def _clip(self, model: nn.Module) -> float:
+        params = [p for p in model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        max_norm = self.train_cfg.grad_clip if self.train_cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # FSDP2 returns a DTensor
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _all_mean(self, values: torch.Tensor) -> list[float]:
+        if self.world_size > 1:
+            values = values.to(self.device)
+            dist.all_reduce(values)
+            values = values / self.world_size
+        return values.tolist()
+
+    def _evaluate(self, model, dataset, step, tokens, autocast, writer) -> EvalResult:
+        e = self.cfg.eval
+        batches = dataset.split("val").eval_batches(self.train_cfg.seq_len, e.batch_size, e.batches)
+        result = evaluate(model, batches, e.fused_passes, sequential=e.sequential, autocast=autocast)
+        if self.is_main:
+            with open(self.out_dir / "eval.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "tokens": tokens, **result.to_dict()}) + "\n")
+            if writer is not None:
+                for name, value in result.loss.items():
+                    writer.add_scalar(f"val/{name}", value, step)
+            losses = ", ".join(f"{k} {v:.4f}" for k, v in result.loss.items())
+            self._log(f"eval @ step {step}: {losses}")
+        return result
+
+    def _save(self, model, optimizers, state, dataset) -> None:
+        model_state, optimizer_state = self._state_dicts(model, optimizers)
+        if self.is_main:
+            path = write_checkpoint(self.out_dir, state["step"], model_state, self.cfg.model,
+                                    dataset.path / "tokenizer", optimizer_state, state, self.train_cfg.keep_checkpoints)
+            self._log(f"checkpoint {path}")
+        self._barrier()
+
+    def _truncate_logs(self, step: int) -> None:
+        """Drop log lines written after the checkpoint we resume from (the run died after them)."""
+        if not self.is_main:
+            return
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            path = self.out_dir / name
+            if path.is_file():
+                kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+                path.write_text("".join(line + "\n" for line in kept))
+
+    def _write_metrics(self, metrics, writer, record) -> None:
+        if metrics is None:
+            return
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+        if writer is not None:
+            for key in ("loss", "lr", "grad_norm", "passes", "tokens_per_s"):
+                writer.add_scalar(f"train/{key}", record[key], record["step"])
+
+    def _tensorboard(self):
+        if not (self.train_cfg.tensorboard and self.is_main):
+            return None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError("train.tensorboard needs the tensorboard package: pip install 'fullband[tensorboard]'")
+        return SummaryWriter(str(self.out_dir / "tensorboard"))
+
+    def _progress(self, total_steps: int, initial: int):
+        if not (self.train_cfg.progress and self.is_main):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=total_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def train(
+    config: RunConfig,
+    out_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    init_from: str | os.PathLike | None = None,
+) -> TrainResult:
+    """Train (or resume, or mid-train from ``init_from``) and return a summary."""
+    return Trainer(config, out_dir, data_dir, resume, init_from).run()
