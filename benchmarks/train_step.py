@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -45,12 +44,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fullband.model import FullBandConfig, FullBandLM
+from fullband.model import FullBandConfig, FullBandLM, shift_right
 
 SIZES = {
     "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
+    # opt-in (--sizes d256-L4 d512-L6): several minutes per repetition on 2 CPU cores
     "d512-L6": dict(model=dict(vocab_size=8192, d_model=512, n_layers=6, n_heads=8, d_ff=1536), batch=8, seq=256),
 }
+DEFAULT_SIZES = ["d256-L4"]
 QUICK_SIZES = {
     "d64-L2": dict(model=dict(vocab_size=512, d_model=64, n_layers=2, n_heads=2, d_ff=192), batch=2, seq=64),
 }
@@ -62,6 +63,10 @@ VARIANTS = {
     "K=3": (3, False),
     "K=2 detach": (2, True),
     "K=3 detach": (3, True),
+    # Not the library's API: the same loss and gradients as "K=3 detach", but each pass's loss is
+    # backpropagated as soon as it is computed, so only one pass's graph is alive at a time (see
+    # per_pass_backward). Measured to show what detaching can save when the step is organised for it.
+    "K=3 detach, per-pass backward": (3, "per-pass"),
 }
 
 
@@ -107,9 +112,42 @@ def loss_of(model, ids, targets, variant: str, generator) -> torch.Tensor:
     return out.loss
 
 
+def per_pass_backward(model, ids, targets, passes: int, generator, on_pass_end=None) -> None:
+    """multipass(..., detach=True, prefix_mixin=1.0) in train mode, loss L1 + mean(L2..LK), with each
+    pass's loss term backpropagated right after its pass (one live graph at a time). Mirrors
+    FullBandLM.multipass and its random draws (position 0 plain, prefix p ~ U{0..T-1} plain in later
+    passes, jitter U[-σ, σ] on the carried, detached state): with the same generator seed the
+    gradients equal those of multipass(detach=True) up to float rounding."""
+    B, T = ids.shape
+    device = ids.device
+    plain = torch.zeros(B, T, dtype=torch.bool, device=device)
+    plain[:, 0] = True
+    p = (torch.rand((B, 1), generator=generator, device=device, dtype=torch.float64) * T).floor()
+    plain |= torch.arange(T, device=device).unsqueeze(0) <= p
+    jitter = model.config.feedback_jitter
+    feedback = None
+    for k in range(passes):
+        out = model(ids, feedback=feedback, plain_mask=plain if k > 0 else None)
+        loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
+        weight = 1.0 if k == 0 else 1.0 / (passes - 1)
+        h = out.hidden.detach()
+        (weight * loss).backward()
+        del out, loss
+        if on_pass_end is not None:
+            on_pass_end()
+        if k + 1 < passes:
+            feedback = shift_right(h)
+            noise = torch.rand(feedback.shape, device=device, dtype=feedback.dtype, generator=generator)
+            feedback = feedback + (2 * noise - 1) * jitter
+
+
 def train_step(model, opt, ids, targets, variant: str, generator) -> None:
     opt.zero_grad(set_to_none=True)
-    loss_of(model, ids, targets, variant, generator).backward()
+    passes, detach = VARIANTS[variant]
+    if detach == "per-pass":
+        per_pass_backward(model, ids, targets, passes, generator)
+    else:
+        loss_of(model, ids, targets, variant, generator).backward()
     opt.step()
 
 
@@ -126,6 +164,18 @@ def saved_activation_bytes(model, ids, targets, variant: str) -> int:
         return t
 
     generator = torch.Generator(device=ids.device).manual_seed(0)
+    passes, detach = VARIANTS[variant]
+    if detach == "per-pass":  # one graph at a time: the largest pass counts
+        peak = [0]
+
+        def pass_end() -> None:
+            peak[0] = max(peak[0], sum(seen.values()))
+            seen.clear()
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            per_pass_backward(model, ids, targets, passes, generator, on_pass_end=pass_end)
+        model.zero_grad(set_to_none=True)
+        return peak[0]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = loss_of(model, ids, targets, variant, generator)
     del loss
@@ -142,11 +192,24 @@ def rss_child(size_name: str, variant: str, quick: bool, threads: int) -> None:
     opt.step()
     opt.zero_grad(set_to_none=True)
     generator = torch.Generator().manual_seed(0)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # VmHWM, not ru_maxrss: on Linux ru_maxrss survives exec, so a child started from a large parent
+    # reports the parent's size. Writing 5 to clear_refs resets VmHWM to the current RSS.
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    before = proc_status_kib("VmHWM")
     for _ in range(2):
         train_step(model, opt, ids, targets, variant, generator)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rss_before_kib": before, "rss_after_kib": after}))
+    after = proc_status_kib("VmHWM")
+    print(json.dumps({"hwm_before_kib": before, "hwm_after_kib": after, "rss_before_kib": proc_status_kib("VmRSS")}))
+
+
+def proc_status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{key} not in /proc/self/status")
 
 
 def peak_rss_delta_mib(size_name: str, variant: str, quick: bool, threads: int) -> float | None:
@@ -161,7 +224,7 @@ def peak_rss_delta_mib(size_name: str, variant: str, quick: bool, threads: int) 
         print(f"  rss child failed for {size_name} {variant}: {proc.stderr[-500:]}", file=sys.stderr)
         return None
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    return (r["rss_after_kib"] - r["rss_before_kib"]) / 1024  # ru_maxrss is in KiB on Linux
+    return (r["hwm_after_kib"] - r["hwm_before_kib"]) / 1024
 
 
 def summary(values: list[float]) -> dict:
@@ -249,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: all)")
+    p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: {DEFAULT_SIZES})")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
     p.add_argument("--out", default="benchmarks/results/train_step.json")
     p.add_argument("--_rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
@@ -259,8 +322,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.repeats is None:
         args.repeats = 2 if args.quick else 3
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = QUICK_SIZES if args.quick else {k: SIZES[k] for k in DEFAULT_SIZES}
     if args.sizes:
+        sizes = QUICK_SIZES if args.quick else SIZES
         unknown = set(args.sizes) - set(sizes)
         if unknown:
             p.error(f"unknown size(s) {sorted(unknown)}; choose from {list(sizes)}")

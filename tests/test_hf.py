@@ -205,7 +205,7 @@ def test_tokenizer_carried_through_convert_and_export(tmp_path):
     assert (dst / "tokenizer" / "tokenizer.json").is_file()
     assert (dst / "tokenizer" / "generation_config.json").is_file()
     exp = export_hf(dst, tmp_path / "exp")
-    loaded = AutoTokenizer.from_pretrained(exp)
+    loaded = AutoTokenizer.from_pretrained(exp, trust_remote_code=True)
     assert loaded("w1 w5 w7").input_ids == tok("w1 w5 w7").input_ids
     config = json.loads((exp / "config.json").read_text())
     assert config["eos_token_id"] == 2 and config["bos_token_id"] == 1
@@ -387,3 +387,11 @@ def test_convert_and_export_keep_bfloat16(tmp_path):
     assert config["decode_mode"] == "soft" and config["fused_passes"] == 2
     with pytest.raises(ConfigError, match="dtype"):
         convert_from_hf(src, tmp_path / "fb2", dtype="bf16")
+
+
+def test_forward_without_cache_fused_passes_match_multipass(exported):
+    _, fb, _, model = exported
+    ids = torch.randint(3, VOCAB, (2, 8))
+    with torch.no_grad():
+        ours = model(ids, decode_mode="fused", fused_passes=2).logits
+        torch.testing.assert_close(ours, fb.multipass(ids, passes=3).logits[-1], atol=1e-5, rtol=0)

@@ -146,7 +146,8 @@ def generate_stream(
     # Prefill: one plain pass, then (fused mode) extra passes fusing the previous pass's states.
     # Padding and each prompt's first token stay plain; there is no state before a prompt.
     plain = ~mask | (positions == 0)
-    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+                logits_to_keep=1)
     for _ in range(fused_passes if mode == "fused" else 0):
         cache.reset()
         out = model(
@@ -157,6 +158,7 @@ def generate_stream(
             position_ids=positions,
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,
         )
 
     next_position = positions[:, -1:] + 1

@@ -129,9 +129,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 for bf16 stability, as Llama-family checkpoints expect.
+        # Normalise in (at least) float32 for bf16 stability, as Llama-family checkpoints expect.
         dtype = x.dtype
-        x = x.float()
+        x = x.to(torch.promote_types(dtype, torch.float32))
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
@@ -329,6 +329,13 @@ class FullBandLM(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
         self.reset_parameters()
 
+    def _apply(self, fn, recurse=True):
+        # RoPE frequencies stay float32 whatever dtype the weights are cast to: in bf16, position
+        # 1001 would round to 1000.
+        super()._apply(fn, recurse)
+        self.inv_freq = rope_inv_freq(self.config).float().to(self.inv_freq.device)
+        return self
+
     def reset_parameters(self) -> None:
         std = self.config.init_std
         for module in self.modules():
@@ -366,6 +373,7 @@ class FullBandLM(nn.Module):
         use_cache: bool = False,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> ModelOutput:
         """One pass of the stack.
 
@@ -373,7 +381,8 @@ class FullBandLM(nn.Module):
         None means every position is plain. plain_mask: (B, T) bool, positions that stay plain even
         with feedback. attention_mask: (B, T) (or (B, cache length + T) with a cache), 1 = real token,
         0 = padding that no query may attend to. position_ids: (B, T) RoPE positions; by default
-        the cache length + arange(T).
+        the cache length + arange(T). logits_to_keep: compute logits for the last n positions only
+        (0 = all), e.g. for a prefill that needs only the next-token distribution.
         """
         B, T = input_ids.shape
         cache = past_key_values
@@ -388,7 +397,7 @@ class FullBandLM(nn.Module):
 
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
-        angles = position_ids.unsqueeze(-1).to(self.inv_freq.dtype) * self.inv_freq
+        angles = position_ids.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hd)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
@@ -401,7 +410,7 @@ class FullBandLM(nn.Module):
         normed = self.norm(x)
         hidden = normed if self.config.feedback_source == "final_norm" else x
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(normed, weight)
+        logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
         return ModelOutput(logits=logits, hidden=hidden, past_key_values=cache if use_cache else None)
 
     def _attention_masks(self, B, T, start, attention_mask, cache) -> dict[int | None, torch.Tensor | None]:
@@ -525,13 +534,19 @@ class FullBandLM(nn.Module):
 
     def generate(self, input_ids, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """Generate new tokens; see ``fullband.generation.generate`` for the arguments."""
-        from fullband.generation import generate
+        try:  # inside try: the Hugging Face export ships this file without the fullband package
+            from fullband.generation import generate
+        except ImportError as exc:
+            raise ImportError("FullBandLM.generate needs the fullband package (pip install fullband)") from exc
 
         return generate(self, input_ids, max_new_tokens, **kwargs)
 
     def generate_stream(self, input_ids, max_new_tokens: int, **kwargs):
         """Yield one (B,) tensor of new tokens per step; see ``fullband.generation.generate_stream``."""
-        from fullband.generation import generate_stream
+        try:
+            from fullband.generation import generate_stream
+        except ImportError as exc:
+            raise ImportError("FullBandLM.generate_stream needs the fullband package (pip install fullband)") from exc
 
         return generate_stream(self, input_ids, max_new_tokens, **kwargs)
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -20,31 +18,6 @@ AUTO_MAP = {
     "AutoConfig": "configuration_fullband.FullBandHFConfig",
     "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
 }
-
-# `from fullband.x import y` / `import fullband.x` inside model.py (lazy helpers such as generate()).
-_PACKAGE_IMPORT = re.compile(r"^(?P<indent>[ \t]*)(?P<stmt>(?:from|import)[ \t]+fullband\b[^\n]*)$", re.MULTILINE)
-
-
-def standalone_model_source(text: str) -> str:
-    """fullband's model.py, made loadable without the fullband package: transformers' remote-code loader
-    refuses a module whose (even lazy) imports name a package that is not installed, so any import of
-    the package is wrapped in ``try/except ImportError`` (which the loader skips). A no-op when model.py
-    has no such import."""
-
-    def wrap(match: re.Match) -> str:
-        indent, stmt = match["indent"], match["stmt"]
-        return (
-            f"{indent}try:  # wrapped by fullband export_hf: optional outside the fullband package\n"
-            f"{indent}    {stmt}\n"
-            f"{indent}except ImportError as exc:\n"
-            f"{indent}    raise ImportError('this helper needs the fullband package (pip install fullband); '\n"
-            f"{indent}                      'with transformers use model.generate()') from exc"
-        )
-
-    out = _PACKAGE_IMPORT.sub(wrap, text)
-    ast.parse(out)
-    return out
-
 
 def _read_json(path: Path) -> dict:
     try:
@@ -131,7 +104,8 @@ def export_hf(
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     for name in MODULE_FILES:
         shutil.copyfile(_HERE / name, dst / name)
-    (dst / MODEL_FILE).write_text(standalone_model_source(MODEL_SOURCE.read_text()))
+    # model.py keeps its imports of the package inside try/except, which the remote-code loader skips.
+    shutil.copyfile(MODEL_SOURCE, dst / MODEL_FILE)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, dst / name)

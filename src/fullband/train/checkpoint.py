@@ -125,12 +125,30 @@ def latest_valid_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
+def _load_tensors(file: Path) -> Any:
+    """torch.load with weights_only=True (tensors and plain containers, never arbitrary objects)."""
+    try:
+        return torch.load(file, weights_only=True, map_location="cpu")
+    except Exception as exc:  # UnpicklingError for disallowed globals, RuntimeError for damaged archives
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        reason = next((line for line in lines if "Unsupported global" in line), lines[0]).split(" Please use")[0]
+        raise CheckpointError(
+            f"refusing to load {file}: it is not a plain tensor file that loads with weights_only=True "
+            f"({reason}). fullband never unpickles arbitrary objects; the checkpoint was not written by "
+            "fullband or was tampered with."
+        ) from None
+
+
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Load the non-model parts of a verified checkpoint (no pickle: weights_only=True)."""
+    try:
+        trainer_state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: trainer_state.json is unreadable ({exc})") from None
     return {
-        "optimizer": torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"),
-        "rng": torch.load(path / "rng.pt", weights_only=True),
-        "trainer_state": json.loads((path / "trainer_state.json").read_text()),
+        "optimizer": _load_tensors(path / "optimizer.pt"),
+        "rng": _load_tensors(path / "rng.pt"),
+        "trainer_state": trainer_state,
     }
 
 

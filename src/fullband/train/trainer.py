@@ -96,8 +96,10 @@ class Trainer:
         self.device = torch.device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        self._owns_process_group = False
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self._owns_process_group = True
         self.is_main = self.rank == 0
 
     def _barrier(self) -> None:
@@ -245,15 +247,37 @@ class Trainer:
         )
 
         parts = read_checkpoint(checkpoint)
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, load_file(str(checkpoint / "model" / "model.safetensors")), options=options)
-        set_optimizer_state_dict(model, optimizers, parts["optimizer"], options=options)
+        set_model_state_dict(model, load_file(str(checkpoint / "model" / "model.safetensors")),
+                             options=StateDictOptions(full_state_dict=True))
+        # strict=False: parameters that never had a gradient (the fusion weights during the 1-pass phase)
+        # have no optimizer state yet, exactly as in an uninterrupted run.
+        set_optimizer_state_dict(model, optimizers, parts["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        # set_optimizer_state_dict first initialises every parameter's state with a zero-gradient step;
+        # drop that state again where the checkpoint had none, or those parameters' first real update
+        # would see a step count of 2 (Adam bias correction) and the run would not match an uninterrupted one.
+        saved = parts["optimizer"].get("state", {})
+        for name, param in model.named_parameters():
+            if name not in saved:
+                for opt in optimizers:
+                    opt.state.pop(param, None)
         torch.set_rng_state(parts["rng"]["torch"])
         return parts["trainer_state"]
 
     # ---- the loop --------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        try:
+            result = self._run()
+            self._barrier()  # every rank is done with the last collective before the group goes away
+            return result
+        finally:
+            # Tear the process group down explicitly: leaving it to interpreter exit lets one rank close its
+            # gloo connections while the other still holds them, which can abort the process (SIGABRT).
+            if self._owns_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _run(self) -> TrainResult:
         t, cfg = self.train_cfg, self.cfg
         self._check_out_dir()
         dataset = self._prepare_data()

@@ -1,0 +1,176 @@
+"""Checkpoints: atomic layout, verification, skipping corrupt ones on resume, resolve_model_dir, no pickle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import parity_data, read_metrics, steps_of, tiny_config  # noqa: F401 (fixture)
+
+from fullband.errors import CheckpointError
+from fullband.model import FullBandLM
+from fullband.train import train
+from fullband.train.checkpoint import (
+    find_tokenizer_dir,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    read_checkpoint,
+    resolve_model_dir,
+    verify_checkpoint,
+)
+
+STEPS = 6
+
+
+def _cfg():
+    # K = 1 for the first third, then 2 or 3 passes: the resumed part includes fused passes.
+    schedule = [{"until": 0.34, "passes": {1: 1.0}}, {"until": 1.0, "passes": {2: 0.5, 3: 0.5}}]
+    return tiny_config(train={"tokens": steps_of(STEPS), "ckpt_every": 2, "keep_checkpoints": 3,
+                              "schedule": schedule})
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, parity_data) -> Path:  # noqa: F811
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    train(_cfg(), run, data_dir=parity_data)
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+def _rewrite_manifest(checkpoint: Path) -> None:
+    """Make the manifest agree with the files again (what an attacker who edits a checkpoint would do)."""
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    for name in manifest["files"]:
+        data = (checkpoint / name).read_bytes()
+        manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_layout_retention_and_verification(finished_run):
+    names = [p.name for p in list_checkpoints(finished_run)]
+    assert names == ["step_00000002", "step_00000004", "step_00000006"]
+    newest = list_checkpoints(finished_run)[-1]
+    for name in ("manifest.json", "optimizer.pt", "rng.pt", "trainer_state.json", "model/config.json",
+                 "model/model.safetensors", "model/tokenizer"):
+        assert (newest / name).exists(), name
+    for checkpoint in list_checkpoints(finished_run):
+        verify_checkpoint(checkpoint)
+    state = json.loads((newest / "trainer_state.json").read_text())
+    assert state["step"] == STEPS and state["tokens"] == steps_of(STEPS)
+    assert not list((finished_run / "checkpoints").glob(".tmp-*"))
+    # the checkpoint's model directory loads on its own, with its tokenizer
+    model = FullBandLM.from_pretrained(newest / "model")
+    assert model.config.d_model == 32
+    assert find_tokenizer_dir(newest / "model") == newest / "model" / "tokenizer"
+
+
+@pytest.mark.parametrize("damage", ["flip_optimizer", "truncate_model"])
+def test_corrupt_newest_checkpoint_is_reported_and_skipped_on_resume(finished_run, tmp_path, capfd, damage,
+                                                                     parity_data):
+    run = _copy(finished_run, tmp_path)
+    newest = list_checkpoints(run)[-1]
+    if damage == "flip_optimizer":
+        path = newest / "optimizer.pt"
+        data = bytearray(path.read_bytes())
+        for i in range(len(data) // 2, len(data) // 2 + 8):
+            data[i] ^= 0xFF
+        path.write_bytes(bytes(data))
+        expected = "optimizer.pt does not match its sha256"
+    else:
+        path = newest / "model" / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:100])
+        expected = "model/model.safetensors has 100 bytes"
+    with pytest.raises(CheckpointError, match=expected):
+        verify_checkpoint(newest)
+    capfd.readouterr()
+    assert latest_valid_checkpoint(run) == list_checkpoints(run)[1]
+    assert "skipping" in capfd.readouterr().err
+
+    orig = read_metrics(run)
+    result = train(_cfg(), run, data_dir=parity_data, resume=True)
+    err = capfd.readouterr().err
+    assert "skipping" in err and expected in err
+    assert f"resumed from {list_checkpoints(run)[1]} at step 4" in err
+    assert result.finished and result.steps == STEPS
+    # steps 5 and 6 were redone from step 4's checkpoint and agree exactly with the first time
+    again = read_metrics(run)
+    assert [r["step"] for r in again] == list(range(1, STEPS + 1))
+    assert [(r["loss"], r["pass_losses"]) for r in again] == [(r["loss"], r["pass_losses"]) for r in orig]
+    verify_checkpoint(list_checkpoints(run)[-1])  # the damaged checkpoint was replaced by a good one
+
+
+def test_interrupted_write_is_ignored(finished_run, tmp_path, capfd, parity_data):  # noqa: F811
+    run = _copy(finished_run, tmp_path)
+    # a write that died before the rename: a .tmp- directory with some files and no manifest
+    tmp = run / "checkpoints" / ".tmp-step_00000008"
+    (tmp / "model").mkdir(parents=True)
+    (tmp / "model" / "model.safetensors").write_bytes(b"partial")
+    # and a step directory without a manifest (copied by hand, incomplete)
+    (run / "checkpoints" / "step_00000010" / "model").mkdir(parents=True)
+    assert [p.name for p in list_checkpoints(run)][-1] == "step_00000010"
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        verify_checkpoint(run / "checkpoints" / "step_00000010")
+    assert latest_valid_checkpoint(run).name == "step_00000006"
+    assert resolve_model_dir(run) == run / "checkpoints" / "step_00000006" / "model"
+    result = train(_cfg(), run, data_dir=parity_data, resume=True)
+    assert result.steps == STEPS and result.finished
+    assert "resumed from" in capfd.readouterr().err and read_metrics(run)[-1]["step"] == STEPS
+
+
+def test_resolve_model_dir(finished_run, tmp_path):
+    newest = list_checkpoints(finished_run)[-1]
+    assert resolve_model_dir(finished_run) == newest / "model"
+    assert resolve_model_dir(str(newest)) == newest / "model"
+    assert resolve_model_dir(newest / "model") == newest / "model"
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_model_dir(tmp_path / "nope")
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "notes.txt").write_text("hello")
+    with pytest.raises(CheckpointError, match="neither a model directory"):
+        resolve_model_dir(garbage)
+    with pytest.raises(CheckpointError):
+        resolve_model_dir(garbage / "notes.txt")
+    # a run whose only checkpoints are all damaged
+    run = _copy(finished_run, tmp_path)
+    for checkpoint in list_checkpoints(run):
+        (checkpoint / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        resolve_model_dir(run)
+    # a damaged checkpoint named directly is refused, not loaded
+    with pytest.raises(CheckpointError, match="manifest"):
+        resolve_model_dir(list_checkpoints(run)[-1])
+
+
+class _Evil:
+    """Unpickling this object would create a file: a stand-in for arbitrary code execution."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickled_objects_in_a_checkpoint_are_refused(finished_run, tmp_path, parity_data):  # noqa: F811
+    run = _copy(finished_run, tmp_path)
+    newest = list_checkpoints(run)[-1]
+    marker = tmp_path / "pwned"
+    good = torch.load(newest / "optimizer.pt", weights_only=True)
+    torch.save({**good, "payload": _Evil(marker)}, newest / "optimizer.pt")
+    _rewrite_manifest(newest)
+    verify_checkpoint(newest)  # the manifest agrees, so only the loader can refuse it
+    with pytest.raises(CheckpointError, match="optimizer.pt"):
+        read_checkpoint(newest)
+    with pytest.raises(CheckpointError, match="optimizer.pt"):
+        train(_cfg(), run, data_dir=parity_data, resume=True)
+    assert not marker.exists()
