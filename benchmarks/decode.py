@@ -144,8 +144,9 @@ def bench_model(name, kwargs, args, dtype, device, sync) -> dict:
                 for label, r in run_interleaved(model, prompts, args.new_tokens, order, sync).items():
                     r["per_token_s"] = statistics.fmean(r["steps_s"])
                     raw[label].append(r)
+            fusion_s = fusion_call_s(model, batch, sync)
         std = raw["standard"]
-        res = {"modes": {}, "raw": raw}
+        res = {"modes": {}, "fusion_call_s": fusion_s, "raw": raw}
         for label, _ in MODES:
             runs = raw[label]
             step_ratios = [
@@ -164,6 +165,25 @@ def bench_model(name, kwargs, args, dtype, device, sync) -> dict:
         result["batches"][str(batch)] = res
         print(f"  {name} batch {batch}: done", file=sys.stderr, flush=True)
     return result
+
+
+def fusion_call_s(model, batch: int, sync, calls: int = 200, rounds: int = 5) -> float:
+    """Median time of one call of the fusion module on a (batch, 1, D) decode-step input."""
+    d = model.config.d_model
+    p = next(model.parameters())
+    e = torch.randn(batch, 1, d, device=p.device, dtype=p.dtype)
+    h = torch.randn(batch, 1, d, device=p.device, dtype=p.dtype)
+    for _ in range(20):
+        model.fusion(e, h)
+    times = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            model.fusion(e, h)
+        sync()
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -201,6 +221,18 @@ def table(results: dict) -> str:
             f"| {name} | {res['params'] / 1e6:.2f} M | {f['stack'] / 1e6:.2f} M | {f['head'] / 1e6:.2f} M "
             f"| {f['fusion'] / 1e6:.3f} M | {100 * f['fusion_share']:.2f} % |"
         )
+    lines += [
+        "",
+        "| model | batch | fusion module alone, µs/call | standard step, µs | fusion / standard step |",
+        "|---|---|---|---|---|",
+    ]
+    for name, res in results.items():
+        for batch, b in res["batches"].items():
+            step = b["modes"]["standard"]["per_token_s"]["median"]
+            lines.append(
+                f"| {name} | {batch} | {b['fusion_call_s'] * 1e6:.1f} | {step * 1e6:.0f} "
+                f"| {100 * b['fusion_call_s'] / step:.1f} % |"
+            )
     return "\n".join(lines)
 
 
@@ -253,9 +285,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
     )
     print(
-        f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens (greedy), {args.repeats} interleaved "
-        "repetitions; times are medians, ratios are paired per repetition: median (min–max); fusion share at "
-        f"the mean context ({args.prompt_len + args.new_tokens // 2} tokens)\n"
+        f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens (greedy), {args.repeats} repetitions, "
+        "modes interleaved step by step. Times: medians over repetitions. Ratios to standard: "
+        "'/ standard' columns are paired per repetition, median (min–max) over repetitions; the paired-step "
+        "ratio divides each decode step by the adjacent step of standard, median [p25–p75] over all steps. "
+        f"Fusion share: analytic, at the mean context ({args.prompt_len + args.new_tokens // 2} tokens).\n"
     )
     print(table(results))
     print(f"\nwall time {elapsed:.1f} s")

@@ -151,3 +151,15 @@ def test_resume_of_a_finished_run_does_nothing_more(tmp_path, parity_data):
     again = train(tiny_config(train={"tokens": steps_of(2)}), tmp_path / "run", data_dir=parity_data, resume=True)
     assert again.finished and again.steps == 2
     assert read_metrics(tmp_path / "run") == before
+
+
+def test_a_fresh_run_drops_log_lines_of_an_attempt_that_died_before_its_first_checkpoint(tmp_path, parity_data):
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = {"step": 1, "tokens": 1, "loss": 123.0, "passes": 1, "pass_losses": [123.0], "lr": 0.0}
+    (run / "metrics.jsonl").write_text(json.dumps(stale) + "\n" + json.dumps({**stale, "step": 2}) + "\n")
+    (run / "eval.jsonl").write_text(json.dumps({"step": 2, "loss": {"standard": 9.0}}) + "\n")
+    train(tiny_config(train={"tokens": steps_of(2)}), run, data_dir=parity_data)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] != 123.0 for r in rows)
+    assert [json.loads(line)["step"] for line in (run / "eval.jsonl").read_text().splitlines()] == [2]

@@ -8,8 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+import test_train
 import torch
-from test_train import parity_data, read_metrics, steps_of, tiny_config  # noqa: F401 (fixture)
+from test_train import read_metrics, steps_of, tiny_config
 
 from fullband.errors import CheckpointError
 from fullband.model import FullBandLM
@@ -25,6 +26,8 @@ from fullband.train.checkpoint import (
 
 STEPS = 6
 
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
+
 
 def _cfg():
     # K = 1 for the first third, then 2 or 3 passes: the resumed part includes fused passes.
@@ -34,7 +37,7 @@ def _cfg():
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, parity_data) -> Path:  # noqa: F811
+def finished_run(tmp_path_factory, parity_data) -> Path:
     run = tmp_path_factory.mktemp("ckpt") / "run"
     train(_cfg(), run, data_dir=parity_data)
     return run
@@ -108,7 +111,7 @@ def test_corrupt_newest_checkpoint_is_reported_and_skipped_on_resume(finished_ru
     verify_checkpoint(list_checkpoints(run)[-1])  # the damaged checkpoint was replaced by a good one
 
 
-def test_interrupted_write_is_ignored(finished_run, tmp_path, capfd, parity_data):  # noqa: F811
+def test_interrupted_write_is_ignored(finished_run, tmp_path, capfd, parity_data):
     run = _copy(finished_run, tmp_path)
     # a write that died before the rename: a .tmp- directory with some files and no manifest
     tmp = run / "checkpoints" / ".tmp-step_00000008"
@@ -161,7 +164,7 @@ class _Evil:
         return (open, (str(self.marker), "w"))
 
 
-def test_pickled_objects_in_a_checkpoint_are_refused(finished_run, tmp_path, parity_data):  # noqa: F811
+def test_pickled_objects_in_a_checkpoint_are_refused(finished_run, tmp_path, parity_data):
     run = _copy(finished_run, tmp_path)
     newest = list_checkpoints(run)[-1]
     marker = tmp_path / "pwned"

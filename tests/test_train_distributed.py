@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from test_train import BATCH, parity_data, read_metrics, steps_of, tiny_raw, write_yaml  # noqa: F401 (fixture)
+import test_train
+from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
 
 from fullband.config import build_config
 from fullband.train import PassSchedule, train
@@ -19,9 +20,11 @@ STEPS = 5
 SCHEDULE = [{"until": 0.2, "passes": {1: 1.0}}, {"until": 1.0, "passes": {2: 0.5, 3: 0.5}}]
 SEED = 1
 
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
+
 
 @pytest.mark.parametrize("parallel, grad_accum", [("ddp", 2), ("fsdp", 1)])
-def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):  # noqa: F811
+def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
     ks = [PassSchedule.parse(SCHEDULE).passes_for_step(s, STEPS, SEED) for s in range(STEPS)]
     assert ks[0] == 1 and {2, 3} <= set(ks), ks
     raw = tiny_raw(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import test_train
 import torch
 from safetensors.torch import load_file
-from test_train import parity_data, read_metrics, steps_of, tiny_config  # noqa: F401 (fixture)
+from test_train import read_metrics, steps_of, tiny_config
 
 from fullband.data import prepare_dataset
 from fullband.errors import DataError
@@ -14,15 +15,17 @@ from fullband.train import train
 from fullband.train.checkpoint import list_checkpoints
 from fullband.train.trainer import Trainer
 
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
+
 
 @pytest.fixture(scope="module")
-def standard_run(tmp_path_factory, parity_data):  # noqa: F811
+def standard_run(tmp_path_factory, parity_data):
     run = tmp_path_factory.mktemp("standard") / "run"
     train(tiny_config(train={"tokens": steps_of(3), "schedule": "standard"}), run, data_dir=parity_data)
     return run
 
 
-def test_init_from_keeps_the_trunk_and_starts_fresh_fusion(standard_run, tmp_path, parity_data):  # noqa: F811
+def test_init_from_keeps_the_trunk_and_starts_fresh_fusion(standard_run, tmp_path, parity_data):
     source = load_file(str(list_checkpoints(standard_run)[-1] / "model" / "model.safetensors"))
     # The user's model section says d_model 64: the checkpoint's architecture wins (only feedback fields apply).
     cfg = tiny_config(train={"tokens": steps_of(4), "schedule": "paper", "seed": 5},
@@ -53,7 +56,7 @@ def test_init_from_keeps_the_trunk_and_starts_fresh_fusion(standard_run, tmp_pat
     assert "d_model: 32" in saved  # the run records the architecture it really trained
 
 
-def test_init_from_lr0_checkpoint_holds_the_initial_weights(standard_run, tmp_path, parity_data):  # noqa: F811
+def test_init_from_lr0_checkpoint_holds_the_initial_weights(standard_run, tmp_path, parity_data):
     """Black-box: with lr 0 one step changes nothing, so the checkpoint holds the initial weights."""
     cfg = tiny_config(train={"tokens": steps_of(1), "schedule": "fixed:2", "lr": 0.0})
     train(cfg, tmp_path / "mid", data_dir=parity_data, init_from=standard_run)

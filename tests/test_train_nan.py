@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import test_train
 import torch
 from safetensors.torch import load_file
-from test_train import parity_data, read_metrics, steps_of, tiny_config  # noqa: F401 (fixture)
+from test_train import read_metrics, steps_of, tiny_config
 
 from fullband.model import FullBandLM
 from fullband.train import TrainingDiverged, train
 from fullband.train.checkpoint import latest_valid_checkpoint, list_checkpoints, read_checkpoint, verify_checkpoint
+
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_non_finite_steps_are_skipped_and_counted(tmp_path, parity_data, poison):  # noqa: F811
+def test_non_finite_steps_are_skipped_and_counted(tmp_path, parity_data, poison):
     poison({2: float("nan"), 4: float("inf")})  # not consecutive: max_bad_steps=2 is never reached
     cfg = tiny_config(train={"tokens": steps_of(5), "ckpt_every": 1, "keep_checkpoints": 10, "max_bad_steps": 2,
                              "schedule": "fixed:2", "lr_schedule": "constant"})
@@ -65,7 +68,7 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path, parity_data, poison)
     assert state["skipped_steps"] == 2 and state["consecutive_bad_steps"] == 0
 
 
-def test_consecutive_bad_steps_stop_the_run(tmp_path, parity_data, poison):  # noqa: F811
+def test_consecutive_bad_steps_stop_the_run(tmp_path, parity_data, poison):
     poison({3: float("nan"), 4: float("nan"), 5: float("nan")})
     cfg = tiny_config(train={"tokens": steps_of(6), "ckpt_every": 2, "max_bad_steps": 3})
     with pytest.raises(TrainingDiverged) as info:
@@ -88,7 +91,7 @@ def test_consecutive_bad_steps_stop_the_run(tmp_path, parity_data, poison):  # n
     assert result.finished and result.steps == 6
 
 
-def test_diverged_is_a_clear_cli_error(tmp_path, parity_data, poison, capsys):  # noqa: F811
+def test_diverged_is_a_clear_cli_error(tmp_path, parity_data, poison, capsys):
     from fullband.cli import main
 
     poison({1: float("nan"), 2: float("nan")})

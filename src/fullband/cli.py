@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from pathlib import Path
@@ -32,7 +33,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             group.add_argument(
                 f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                metavar=_type_name(hints[f.name]), help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
+                metavar=_type_name(hints[f.name]),
+                help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
             )
 
 
@@ -61,8 +63,13 @@ def cmd_prepare(args) -> None:
 def cmd_train(args) -> None:
     from fullband.train import train
 
+    saved = Path(args.out_dir) / "config.yaml"
+    if args.resume and args.config is None and saved.is_file():
+        args.config = str(saved)  # resume with the run's own config; --section.field overrides still apply
     config = config_from_args(args)
     result = train(config, args.out_dir, data_dir=args.data_dir, resume=args.resume, init_from=args.init_from)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return  # under torchrun, rank 0 reports
     print(f"steps {result.steps}, tokens {result.tokens:,}, token-equivalent compute {result.compute_tokens:,}"
           f" (tokens × passes), skipped steps {result.skipped_steps}")
     if result.final_eval is not None:
@@ -81,6 +88,17 @@ def format_eval_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def default_data_dir(model_dir: Path) -> Path:
+    """The dataset a training checkpoint was trained on (recorded in its trainer state), else RUN/data."""
+    try:
+        recorded = json.loads((model_dir.parent / "trainer_state.json").read_text()).get("data_dir")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded and Path(recorded).is_dir():
+        return Path(recorded)
+    return model_dir.parent.parent.parent / "data"
+
+
 def cmd_eval(args) -> None:
     import torch
 
@@ -90,7 +108,7 @@ def cmd_eval(args) -> None:
     from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
 
     model_dir = resolve_model_dir(args.checkpoint)
-    data_dir = Path(args.data_dir) if args.data_dir else model_dir.parent.parent.parent / "data"
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(model_dir)
     dataset = open_dataset(data_dir)
     tokenizer_dir = find_tokenizer_dir(model_dir)
     if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
@@ -167,7 +185,7 @@ def cmd_export_hf(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="fullband",
+        prog="fullband", allow_abbrev=False,
         description="Full-bandwidth transformers: train, evaluate, generate, convert. "
         "Config options are --section.field VALUE (sections: model, data, train, eval).",
     )
@@ -182,15 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train with the scheduled multi-pass objective (torchrun for several processes)")
     add_config_options(p)
     p.add_argument("--out-dir", required=True, metavar="DIR", help="run directory: config, checkpoints, metrics")
-    p.add_argument("--data-dir", metavar="DIR", help="prepared dataset directory (default OUT_DIR/data; prepared if missing)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in OUT_DIR")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="prepared dataset directory (default OUT_DIR/data; prepared if missing)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in OUT_DIR (default config: OUT_DIR/config.yaml)")
     p.add_argument("--init-from", metavar="CHECKPOINT",
                    help="mid-training: start from a (standard) checkpoint's weights, fusion weights fresh")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="validation loss per decode mode and per number of fused passes")
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
-    p.add_argument("--data-dir", metavar="DIR", help="prepared dataset (default: the run's data/)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="prepared dataset (default: the one the checkpoint was trained on)")
     p.add_argument("--split", default="val", help="dataset split (default: val)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
     p.add_argument("--batches", type=int, default=8, help="number of batches (default: 8)")
@@ -229,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
     p.set_defaults(func=cmd_export_hf)
+    for subparser in sub.choices.values():
+        subparser.allow_abbrev = False  # --train.token must not silently mean --train.tokens
     return parser
 
 

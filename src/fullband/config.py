@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -65,7 +66,9 @@ class TrainConfig:
     ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
     max_bad_steps: int = _f(5, "stop after this many consecutive steps with a NaN/inf loss")
-    stop_after_steps: int = _f(0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end")
+    stop_after_steps: int = _f(
+        0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end"
+    )
 
 
 @dataclass
@@ -132,8 +135,17 @@ def _type_of(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
-def coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Check (YAML values) or convert (command-line strings) a value to a field's annotated type."""
+# PyYAML reads an unquoted 1e6 or 3e-3 as a string (YAML 1.1 wants a dot in floats): accept those in YAML.
+_YAML_EXPONENT_NUMBER = re.compile(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+")
+
+
+def coerce(value: Any, annotation: Any, where: str, from_cli: bool = True) -> Any:
+    """Convert a command-line string (``from_cli``) or check a YAML value against a field's annotated type.
+    YAML values are not converted from strings: ``seq_len: "32"`` is an error, as is ``tokens: abc``."""
+    if not from_cli and isinstance(value, str) and annotation in (int, float, bool):
+        if annotation is bool or not _YAML_EXPONENT_NUMBER.fullmatch(value.strip()):
+            kind = {int: "an integer", float: "a number", bool: "true or false"}[annotation]
+            raise ConfigError(f"{where} expects {kind}, got the string {value!r} (write it unquoted in YAML)")
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(annotation)
@@ -145,7 +157,7 @@ def coerce(value: Any, annotation: Any, where: str) -> Any:
             if option is type(None):
                 continue
             try:
-                return coerce(value, option, where)
+                return coerce(value, option, where, from_cli)
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
@@ -203,7 +215,8 @@ def _parse_json(text: str, where: str) -> Any:
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({exc})") from None
+            reason = " ".join(str(exc).split())  # PyYAML's message spans several lines
+            raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({reason})") from None
 
 
 def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, source: str = "config") -> RunConfig:
@@ -232,12 +245,13 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
     for section, cls in SECTIONS.items():
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
-        for key, (value, _) in values[section].items():
+        for key, (value, from_cli) in values[section].items():
             if key not in known:
                 close = [k for k in sorted(known) if k.startswith(key[:3])]
                 hint = f" Did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"{source}: unknown field {section}.{key}.{hint} Known fields: {', '.join(sorted(known))}")
-            kwargs[key] = coerce(value, _type_of(cls, key), f"{section}.{key}")
+                what = f"unknown option --{section}.{key}" if from_cli else f"{source}: unknown field {section}.{key}"
+                raise ConfigError(f"{what}.{hint} Known {section} fields: {', '.join(sorted(known))}")
+            kwargs[key] = coerce(value, _type_of(cls, key), f"{section}.{key}", from_cli)
         try:
             built[section] = cls(**kwargs)
         except ConfigError:
@@ -265,7 +279,7 @@ def load_config(path: str | Path | None, overrides: dict[str, str] | None = None
 def field_help(cls: type, name: str) -> str:
     for f in dataclasses.fields(cls):
         if f.name == name:
-            return f.metadata.get("help", MODEL_HELP.get(name, ""))
+            return f.metadata.get("help", MODEL_HELP.get(name, DATA_HELP.get(name, "")))
     return ""
 
 
@@ -291,4 +305,19 @@ MODEL_HELP = {
     "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
+}
+
+
+# DataConfig (fullband.data.config) documents its fields in its docstring; the CLI's help reads them here.
+DATA_HELP = {
+    "source": "'pystdlib', 'synthetic:<task>', comma-separated paths/globs of .txt/.jsonl/.parquet files or "
+              "directories (a datasets save_to_disk directory too), or 'hf:<name>[:<config>]'",
+    "text_field": "the field/column holding the text in .jsonl, .parquet and datasets sources",
+    "tokenizer": "'byte', 'bpe' (trained on the training text) or a local Hugging Face tokenizer directory",
+    "bpe_vocab_size": "vocabulary size of the 'bpe' tokenizer",
+    "val_fraction": "share of documents held out for validation (by a hash of the document id)",
+    "max_train_bytes": "use at most this many bytes of training text (None = all), in the corpus' fixed order",
+    "synthetic_train_examples": "training examples of a synthetic:<task> source",
+    "synthetic_val_examples": "validation examples of a synthetic:<task> source",
+    "seed": "seed of the synthetic data generator",
 }

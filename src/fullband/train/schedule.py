@@ -53,16 +53,28 @@ class PassSchedule:
         phases, previous = [], 0.0
         for i, raw in enumerate(spec):
             if not isinstance(raw, dict) or set(raw) != {"until", "passes"} or not isinstance(raw["passes"], dict):
-                raise ConfigError(f"train.schedule phase {i}: expected {{until: fraction, passes: {{K: prob}}}}, got {raw!r}")
-            until = float(raw["until"])
+                raise ConfigError(
+                    f"train.schedule phase {i}: expected {{until: fraction, passes: {{K: prob}}}}, got {raw!r}"
+                )
+            try:
+                until = float(raw["until"])
+            except (TypeError, ValueError):
+                raise ConfigError(f"train.schedule phase {i}: 'until' must be a number, got {raw['until']!r}") from None
             if not previous < until <= 1.0:
                 raise ConfigError(f"train.schedule phase {i}: 'until' values must increase within (0, 1], got {until}")
             try:
+                if any(isinstance(k, (bool, float)) or isinstance(p, bool) for k, p in raw["passes"].items()):
+                    raise TypeError
                 passes = tuple(sorted((int(k), float(p)) for k, p in raw["passes"].items()))
             except (TypeError, ValueError):
                 raise ConfigError(f"train.schedule phase {i}: passes must map integers K to probabilities") from None
-            if any(k < 1 or p < 0 for k, p in passes) or abs(sum(p for _, p in passes) - 1.0) > 1e-6:
-                raise ConfigError(f"train.schedule phase {i}: need K >= 1 and probabilities >= 0 that sum to 1, got {raw['passes']}")
+            total = sum(p for _, p in passes)
+            # (written so that NaN probabilities fail too)
+            if not passes or any(k < 1 or not 0 <= p <= 1 for k, p in passes) or not abs(total - 1.0) <= 1e-6:
+                raise ConfigError(
+                    f"train.schedule phase {i}: need K >= 1 and probabilities in [0, 1] that sum to 1, "
+                    f"got {raw['passes']}"
+                )
             phases.append(Phase(until, passes))
             previous = until
         if previous != 1.0:

@@ -199,7 +199,9 @@ class Trainer:
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith("fusion.")]
         if missing or unexpected:
-            raise CheckpointError(f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}")
+            raise CheckpointError(
+                f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
+            )
         # The feedback path starts fresh: the paper introduces feedback late in training.
         torch.manual_seed(self.train_cfg.seed + 1)
         model.reset_fusion_parameters()
@@ -236,7 +238,8 @@ class Trainer:
         )
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizers, options=options)
+        model_state = get_model_state_dict(model, options=options)
+        return model_state, get_optimizer_state_dict(model, optimizers, options=options)
 
     def _load_state(self, model, optimizers, checkpoint: Path) -> dict:
         from safetensors.torch import load_file
@@ -308,6 +311,8 @@ class Trainer:
                 self._log(f"resumed from {checkpoint} at step {step}")
             else:
                 self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
+        if step == 0:
+            self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
 
         metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
         writer = self._tensorboard()
@@ -382,7 +387,7 @@ class Trainer:
                 if (t.ckpt_every and step % t.ckpt_every == 0) or step == total_steps or stop_now:
                     state = {"step": step, "tokens": tokens, "compute_tokens": compute_tokens,
                              "skipped_steps": skipped, "consecutive_bad_steps": consecutive_bad,
-                             "loader": loader.state_dict()}
+                             "loader": loader.state_dict(), "data_dir": str(dataset.path.resolve())}
                     self._save(model, optimizers, state, dataset)
                 if stop_now:
                     break
@@ -471,7 +476,9 @@ class Trainer:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("train.tensorboard needs the tensorboard package: pip install 'fullband[tensorboard]'")
+            raise ConfigError(
+                "train.tensorboard needs the tensorboard package: pip install 'fullband[tensorboard]'"
+            ) from None
         return SummaryWriter(str(self.out_dir / "tensorboard"))
 
     def _progress(self, total_steps: int, initial: int):
