@@ -50,6 +50,7 @@ def test_non_finite_steps_are_skipped_and_counted(tmp_path, parity_data, poison)
     assert result.finished and result.steps == 5 and result.skipped_steps == 2
     rows = read_metrics(tmp_path / "run")
     assert [r["skipped"] for r in rows] == [False, True, False, True, False]
+    assert all(r["loss"] is None for r in rows if r["skipped"])  # strict JSON: null, not NaN
     assert all(r["loss"] == r["loss"] for r in rows if not r["skipped"])  # finite where not skipped
     run = tmp_path / "run"
     # a skipped step leaves the weights and the optimizer state exactly as they were

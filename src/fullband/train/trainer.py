@@ -27,7 +27,13 @@ from fullband.data import PreparedDataset, TokenLoader, load_tokenizer, open_dat
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
 from fullband.model import FullBandConfig, FullBandLM
-from fullband.train.checkpoint import latest_valid_checkpoint, read_checkpoint, resolve_model_dir, write_checkpoint
+from fullband.train.checkpoint import (
+    latest_valid_checkpoint,
+    list_checkpoints,
+    read_checkpoint,
+    resolve_model_dir,
+    write_checkpoint,
+)
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.schedule import PassSchedule
 
@@ -59,6 +65,12 @@ class MultipassObjective(nn.Module):
 
     def forward(self, **kwargs):
         return self.model.multipass(**kwargs)
+
+
+def _finite_or_none(value):
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
@@ -111,8 +123,7 @@ class Trainer:
             print(message, file=sys.stderr, flush=True)
 
     def _check_out_dir(self) -> None:
-        has_checkpoints = (self.out_dir / "checkpoints").is_dir() and any((self.out_dir / "checkpoints").iterdir())
-        if not self.resume and has_checkpoints:
+        if not self.resume and list_checkpoints(self.out_dir):
             raise ConfigError(
                 f"{self.out_dir} already holds checkpoints of a run. Pass --resume to continue it, or "
                 "choose another --out-dir."
@@ -464,7 +475,9 @@ class Trainer:
     def _write_metrics(self, metrics, writer, record) -> None:
         if metrics is None:
             return
-        metrics.write(json.dumps(record) + "\n")
+        # Non-finite values become null: strict JSON readers reject NaN.
+        clean = {k: _finite_or_none(v) for k, v in record.items()}
+        metrics.write(json.dumps(clean) + "\n")
         metrics.flush()
         if writer is not None:
             for key in ("loss", "lr", "grad_norm", "passes", "tokens_per_s"):
