@@ -247,8 +247,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; quick 16)")
     p.add_argument("--new-tokens", type=int, default=None, help="generated tokens (default 128; quick 16)")
     p.add_argument("--models", nargs="+", default=None, help=f"subset of {list(MODELS)}")
-    p.add_argument("--out", default="benchmarks/results/decode.json")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/decode[_quick].json)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = "benchmarks/results/decode" + ("_quick" if args.quick else "") + ".json"
     if args.repeats is None:
         args.repeats = 3 if args.quick else 7
     if args.batch is None:

@@ -315,9 +315,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: {DEFAULT_SIZES})")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
-    p.add_argument("--out", default="benchmarks/results/train_step.json")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_step[_quick].json)")
     p.add_argument("--_rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = "benchmarks/results/train_step" + ("_quick" if args.quick else "") + ".json"
     if args._rss_child:
         rss_child(*args._rss_child, quick=args.quick, threads=args.threads)
         return

@@ -359,6 +359,32 @@ def test_gradient_flows_between_passes_unless_detached(fusion):
     assert (grads[i] - grads_det[i]).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize("passes", [2, 3])
+def test_per_pass_backward_equals_one_backward_when_detached(passes):
+    """backward_scale backpropagates each pass as it finishes (memory of one pass, not K): the
+    gradients and losses must equal one backward of the whole detached objective."""
+    model = make_model().double()
+    torch.manual_seed(8)
+    ids = torch.randint(0, 64, (2, 8))
+    labels = torch.randint(0, 64, (2, 8))
+    kwargs = dict(passes=passes, labels=labels, detach=True, later_pass_weight=0.7, z_loss=1e-3, prefix_mixin=1.0)
+
+    out = model.multipass(ids, generator=torch.Generator().manual_seed(1), **kwargs)
+    out.loss.backward()
+    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+
+    out_now = model.multipass(ids, generator=torch.Generator().manual_seed(1), backward_scale=0.5, **kwargs)
+    assert not out_now.loss.requires_grad
+    torch.testing.assert_close(out_now.loss, out.loss.detach(), atol=1e-12, rtol=0)
+    assert set(reference) == {n for n, p in model.named_parameters() if p.grad is not None}
+    for name, param in model.named_parameters():
+        if name in reference:
+            torch.testing.assert_close(param.grad, 0.5 * reference[name], atol=1e-12, rtol=1e-10)
+    with pytest.raises(ValueError, match="detach"):
+        model.multipass(ids, passes=2, labels=labels, backward_scale=1.0)
+
+
 def test_loss_is_eq12_and_z_loss():
     model = make_model()
     torch.manual_seed(7)

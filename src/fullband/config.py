@@ -43,7 +43,11 @@ class TrainConfig:
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
     prefix_mixin: float = _f(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
-    detach_passes: bool = _f(False, "detach the fed-back states between passes (saves memory; not the paper)")
+    detach_passes: bool = _f(
+        False,
+        "detach the fed-back states between passes; each pass is then backpropagated as soon as it ends, "
+        "so activations of one pass are held, not K (single process; not the paper's default)",
+    )
     optimizer: str = _f("adamw", "'adamw', or 'muon' (torch.optim.Muon for 2-D hidden matrices, AdamW for the rest)")
     lr: float = _f(3e-3, "peak learning rate (AdamW)")
     muon_lr: float = _f(2e-2, "peak learning rate of Muon for matrix parameters")

@@ -468,6 +468,7 @@ class FullBandLM(nn.Module):
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        backward_scale: float | None = None,
     ) -> MultipassOutput:
         """K passes over the whole sequence, all positions in parallel.
 
@@ -478,10 +479,14 @@ class FullBandLM(nn.Module):
         sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
         With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned.
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
-        which rank or micro-batch it lands in.
+        which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
+        backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
+        graph, so detaching saves memory; the returned loss is then detached.
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
+        if backward_scale is not None and (labels is None or not detach):
+            raise ValueError("backward_scale needs labels and detach=True (without detach, passes share one graph)")
         B, T = input_ids.shape
         device = input_ids.device
         if jitter is None:
@@ -499,6 +504,7 @@ class FullBandLM(nn.Module):
 
         out = MultipassOutput(logits=[], hidden=[])
         feedback = None
+        terms = []
         for k in range(passes):
             step = self(
                 input_ids,
@@ -507,27 +513,31 @@ class FullBandLM(nn.Module):
                 attention_mask=attention_mask,
                 position_ids=position_ids,
             )
-            out.logits.append(step.logits)
-            out.hidden.append(step.hidden)
+            logits, hidden = step.logits, step.hidden
             if labels is not None:
-                out.pass_losses.append(
-                    F.cross_entropy(step.logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index)
-                )
+                # Eq. 12 as a sum of per-pass terms: L1 + λ/(K-1)·(L2 + ... + LK), z-loss averaged over passes.
+                pass_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index)
+                term = pass_loss * (1.0 if k == 0 else later_pass_weight / (passes - 1))
+                if z_loss > 0:
+                    valid = (labels != ignore_index).flatten()
+                    term = term + z_loss / passes * logits.flatten(0, 1).float().logsumexp(-1)[valid].pow(2).mean()
+                if backward_scale is not None:
+                    # With detached states, pass k's graph is not needed after its own loss term:
+                    # backpropagate and free it now, so memory holds one pass instead of K.
+                    (backward_scale * term).backward()
+                    term, pass_loss = term.detach(), pass_loss.detach()
+                    logits, hidden = logits.detach(), hidden.detach()
+                terms.append(term)
+                out.pass_losses.append(pass_loss)
+            out.logits.append(logits)
+            out.hidden.append(hidden)
             if k + 1 < passes:
-                h = step.hidden.detach() if detach else step.hidden
-                feedback = shift_right(h)
+                feedback = shift_right(hidden.detach() if detach else hidden)
                 if jitter > 0:
                     noise = uniform(feedback.shape, generator, device, feedback.dtype)
                     feedback = feedback + (2 * noise - 1) * jitter
-        if labels is not None:
-            loss = out.pass_losses[0]
-            if passes > 1:
-                loss = loss + later_pass_weight * torch.stack(out.pass_losses[1:]).mean()
-            if z_loss > 0:
-                valid = (labels != ignore_index).flatten()
-                lse = torch.stack([lg.flatten(0, 1).float().logsumexp(-1)[valid].pow(2).mean() for lg in out.logits])
-                loss = loss + z_loss * lse.mean()
-            out.loss = loss
+        if terms:
+            out.loss = torch.stack(terms).sum()
         return out
 
     # ---- decoding (the loop lives in fullband.generation; it only calls forward) -------------------

@@ -331,6 +331,9 @@ class Trainer:
         autocast = self._autocast()
         model.train()
         started, start_step = time.perf_counter(), step
+        # Detached passes are backpropagated one at a time (memory of one pass, not K). DDP and FSDP
+        # synchronise gradients once per backward, so distributed runs keep one backward per micro-batch.
+        per_pass_backward = 1.0 / t.grad_accum if t.detach_passes and self.world_size == 1 else None
         final_eval = None
         try:
             while step < total_steps:
@@ -345,13 +348,16 @@ class Trainer:
                         for row in range(self.rank, t.batch_size, self.world_size)
                     ]
                     sync = micro + 1 == t.grad_accum or not hasattr(objective, "no_sync")
-                    with (contextlib.nullcontext() if sync else objective.no_sync()), autocast:
-                        out = objective(
-                            input_ids=batch.input_ids, passes=passes, labels=batch.targets,
-                            plain_mask=batch.plain_mask, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
-                            later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
-                        )
-                    (out.loss / t.grad_accum).backward()
+                    with contextlib.nullcontext() if sync else objective.no_sync():
+                        with autocast:
+                            out = objective(
+                                input_ids=batch.input_ids, passes=passes, labels=batch.targets,
+                                plain_mask=batch.plain_mask, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
+                                later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
+                                backward_scale=per_pass_backward,
+                            )
+                        if per_pass_backward is None:
+                            (out.loss / t.grad_accum).backward()
                     loss_sum += out.loss.item() / t.grad_accum
                     for k, pass_loss in enumerate(out.pass_losses):
                         pass_sums[k] += pass_loss.item() / t.grad_accum
