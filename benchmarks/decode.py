@@ -5,6 +5,10 @@ repetition runs every mode once, in an order rotated from repetition to repetiti
 (other processes on a shared CPU) hits all modes alike. Ratios are taken within a repetition (paired)
 and summarised by their median and min..max over repetitions.
 
+The JSON keeps, per mode, per-repetition summaries (``repetitions``: one list per quantity, index =
+repetition): prefill and mean step time, median and IQR of the step times, the ratios to standard, and
+median and IQR of the paired step ratios; not every step's time.
+
 Timing goes through ``generate_stream``: the first token arrives after the prefill (plain pass, plus n
 fused passes in fused(n) mode), so
 
@@ -24,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -146,7 +151,7 @@ def bench_model(name, kwargs, args, dtype, device, sync) -> dict:
                     raw[label].append(r)
             fusion_s = fusion_call_s(model, batch, sync)
         std = raw["standard"]
-        res = {"modes": {}, "fusion_call_s": fusion_s, "raw": raw}
+        res = {"modes": {}, "fusion_call_s": fusion_s}
         for label, _ in MODES:
             runs = raw[label]
             step_ratios = [
@@ -161,10 +166,40 @@ def bench_model(name, kwargs, args, dtype, device, sync) -> dict:
                 # ... and over all pairs of adjacent decode steps (robust to outlier steps)
                 "step_ratio": summary(step_ratios)
                 | {"p25": quantile(step_ratios, 0.25), "p75": quantile(step_ratios, 0.75)},
+                "repetitions": repetition_summaries(runs, std),
             }
         result["batches"][str(batch)] = res
         print(f"  {name} batch {batch}: done", file=sys.stderr, flush=True)
     return result
+
+
+def repetition_summaries(runs: list[dict], std: list[dict]) -> dict:
+    """One list per quantity, index = repetition: prefill and mean step time, the step times' median and
+    [p25, p75], the ratios to standard in that repetition, and the paired step ratios' median and
+    [p25, p75]. 6 significant digits."""
+    out: dict[str, list[float]] = {}
+    for r, s in zip(runs, std, strict=True):
+        ratios = [a / b for a, b in zip(r["steps_s"], s["steps_s"], strict=True)]
+        rep = {
+            "prefill_s": r["prefill_s"],
+            "per_token_s": r["per_token_s"],
+            "prefill_ratio": r["prefill_s"] / s["prefill_s"],
+            "per_token_ratio": r["per_token_s"] / s["per_token_s"],
+        }
+        for key, values in (("step_s", r["steps_s"]), ("step_ratio", ratios)):
+            rep[f"{key}_median"] = statistics.median(values)
+            rep[f"{key}_p25"] = quantile(values, 0.25)
+            rep[f"{key}_p75"] = quantile(values, 0.75)
+        for key, value in rep.items():
+            out.setdefault(key, []).append(float(f"{value:.6g}"))
+    return out
+
+
+def dumps(payload: dict) -> str:
+    """json.dumps(indent=1), with lists of numbers kept on one line."""
+    text = json.dumps(payload, indent=1)
+    numbers = re.compile(r"\[\s*([-0-9.eE+,\s]+?)\s*\]")
+    return numbers.sub(lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
 
 
 def fusion_call_s(model, batch: int, sync, calls: int = 200, rounds: int = 5) -> float:
@@ -313,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": elapsed,
         "results": results,
     }
-    out.write_text(json.dumps(payload, indent=1) + "\n")
+    out.write_text(dumps(payload) + "\n")
     print(f"wrote {out}")
 
 

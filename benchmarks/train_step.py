@@ -8,19 +8,30 @@ Variants, same model size, batch and sequence length, train mode, AdamW:
   (with one pass there is no feedback, no jitter and no mixin; the fusion module is never touched);
 - ``K=2``, ``K=3``: the multi-pass objective (jitter σ = config.feedback_jitter, prefix mixin 1.0),
   gradients flowing through every pass (the default);
-- ``K=2 detach``, ``K=3 detach``: the same with ``detach=True`` (the carried states are detached).
+- ``K=2 detach, per-pass backward``, ``K=3 detach, per-pass backward``: the same with ``detach=True``
+  (the carried states are detached) and ``backward_scale=1.0``: ``multipass`` backpropagates each pass's
+  loss term right after that pass and frees its graph. This is what the trainer does with
+  ``train.detach_passes=true`` in a single process (``backward_scale = 1 / grad_accum``, here 1);
+- ``K=3 detach, one backward``: ``detach=True`` with one ``loss.backward()`` after all passes
+  (``backward_scale=None``): what ``train.detach_passes=true`` does in distributed runs (DDP/FSDP
+  synchronise once per backward), and what it did everywhere before ``backward_scale`` existed.
 
-A step is ``zero_grad(set_to_none=True)``, forward, ``loss.backward()``, ``optimizer.step()``. The
+A step is ``zero_grad(set_to_none=True)``, forward and backward (one ``loss.backward()``, or the
+per-pass backwards inside ``multipass``), ``optimizer.step()``. The
 variants are interleaved: each repetition runs one step of every variant, in an order rotated from
 repetition to repetition; ratios are paired within a repetition and summarised by median (min–max).
 
 Memory, three measures (see docs/benchmarks.md):
 
-- ``saved MiB``: bytes of the activations autograd keeps for the backward, counted with
-  ``torch.autograd.graph.saved_tensors_hooks`` during one forward (distinct storages, parameters
-  excluded). Deterministic; this is the part of memory that K and ``detach`` change.
+- ``saved MiB``: peak bytes of the activations autograd holds for the backward at any one time,
+  counted with ``torch.autograd.graph.saved_tensors_hooks`` over one forward + backward (distinct
+  storages, parameters excluded; a storage counts from its first save until the graph releases its
+  last saved reference). With one backward this is everything the forward saved; with per-pass
+  backward it is the largest single pass. Deterministic; this is the part of memory that K and
+  ``detach`` change.
 - ``peak RSS Δ MiB`` (CPU): each variant in a fresh subprocess; the optimizer state is created first
-  (one AdamW step on zero gradients), then ``ru_maxrss`` is read before and after two training steps.
+  (one AdamW step on zero gradients), then the high-water mark ``VmHWM`` is reset and read after two
+  training steps (``ru_maxrss`` survives exec on Linux, so a child would report its parent's size).
   The difference is the step's peak above the steady state: gradients + activations + temporaries.
 - ``cuda peak MiB`` (``--device cuda``): ``torch.cuda.max_memory_allocated`` during a step.
 
@@ -44,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fullband.model import FullBandConfig, FullBandLM, shift_right
+from fullband.model import FullBandConfig, FullBandLM
 
 SIZES = {
     "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
@@ -55,18 +66,19 @@ DEFAULT_SIZES = ["d256-L4"]
 QUICK_SIZES = {
     "d64-L2": dict(model=dict(vocab_size=512, d_model=64, n_layers=2, n_heads=2, d_ff=192), batch=2, seq=64),
 }
-# label -> (passes, detach); passes 0 means the plain transformer step
+# label -> (passes, backward); passes 0 means the plain transformer step. backward:
+#   "graph"     gradients through every pass, one loss.backward() (the default objective)
+#   "per-pass"  detach=True, backward_scale=1.0: each pass backpropagated and freed right after it runs
+#               (what train.detach_passes=true does in a single process)
+#   "one"       detach=True, one loss.backward() after all passes (detach_passes in DDP/FSDP runs)
 VARIANTS = {
-    "plain": (0, False),
-    "K=1": (1, False),
-    "K=2": (2, False),
-    "K=3": (3, False),
-    "K=2 detach": (2, True),
-    "K=3 detach": (3, True),
-    # Not the library's API: the same loss and gradients as "K=3 detach", but each pass's loss is
-    # backpropagated as soon as it is computed, so only one pass's graph is alive at a time (see
-    # per_pass_backward). Measured to show what detaching can save when the step is organised for it.
+    "plain": (0, "graph"),
+    "K=1": (1, "graph"),
+    "K=2": (2, "graph"),
+    "K=3": (3, "graph"),
+    "K=2 detach, per-pass backward": (2, "per-pass"),
     "K=3 detach, per-pass backward": (3, "per-pass"),
+    "K=3 detach, one backward": (3, "one"),
 }
 
 
@@ -103,83 +115,99 @@ def build(size: dict, device, dtype, seed: int = 0):
     return model, opt, data[:, :-1], data[:, 1:]
 
 
-def loss_of(model, ids, targets, variant: str, generator) -> torch.Tensor:
-    passes, detach = VARIANTS[variant]
+def forward_backward(model, ids, targets, variant: str, generator) -> None:
+    """One forward and backward of ``variant``; gradients accumulate into ``.grad``. Only the loss (and
+    its graph) outlives the forward, as in an ordinary training loop: the logits are not kept alive
+    through the backward by a Python reference (the trainer keeps its ``MultipassOutput``, i.e. every
+    pass's logits, until after its one backward; see docs/benchmarks.md)."""
+    passes, backward = VARIANTS[variant]
     if passes == 0:
-        logits = model(ids).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-    out = model.multipass(ids, passes=passes, labels=targets, prefix_mixin=1.0, detach=detach, generator=generator)
-    return out.loss
-
-
-def per_pass_backward(model, ids, targets, passes: int, generator, on_pass_end=None) -> None:
-    """multipass(..., detach=True, prefix_mixin=1.0) in train mode, loss L1 + mean(L2..LK), with each
-    pass's loss term backpropagated right after its pass (one live graph at a time). Mirrors
-    FullBandLM.multipass and its random draws (position 0 plain, prefix p ~ U{0..T-1} plain in later
-    passes, jitter U[-σ, σ] on the carried, detached state): with the same generator seed the
-    gradients equal those of multipass(detach=True) up to float rounding."""
-    B, T = ids.shape
-    device = ids.device
-    plain = torch.zeros(B, T, dtype=torch.bool, device=device)
-    plain[:, 0] = True
-    p = (torch.rand((B, 1), generator=generator, device=device, dtype=torch.float64) * T).floor()
-    plain |= torch.arange(T, device=device).unsqueeze(0) <= p
-    jitter = model.config.feedback_jitter
-    feedback = None
-    for k in range(passes):
-        out = model(ids, feedback=feedback, plain_mask=plain if k > 0 else None)
-        loss = F.cross_entropy(out.logits.flatten(0, 1).float(), targets.flatten())
-        weight = 1.0 if k == 0 else 1.0 / (passes - 1)
-        h = out.hidden.detach()
-        (weight * loss).backward()
-        del out, loss
-        if on_pass_end is not None:
-            on_pass_end()
-        if k + 1 < passes:
-            feedback = shift_right(h)
-            noise = torch.rand(feedback.shape, device=device, dtype=feedback.dtype, generator=generator)
-            feedback = feedback + (2 * noise - 1) * jitter
+        loss = F.cross_entropy(model(ids).logits.flatten(0, 1).float(), targets.flatten())
+    else:
+        out = model.multipass(
+            ids,
+            passes=passes,
+            labels=targets,
+            prefix_mixin=1.0,
+            detach=backward != "graph",
+            backward_scale=1.0 if backward == "per-pass" else None,
+            generator=generator,
+        )
+        if backward == "per-pass":  # multipass has backpropagated every term already (out.loss is detached)
+            return
+        loss = out.loss
+        del out
+    loss.backward()
 
 
 def train_step(model, opt, ids, targets, variant: str, generator) -> None:
     opt.zero_grad(set_to_none=True)
-    passes, detach = VARIANTS[variant]
-    if detach == "per-pass":
-        per_pass_backward(model, ids, targets, passes, generator)
-    else:
-        loss_of(model, ids, targets, variant, generator).backward()
+    forward_backward(model, ids, targets, variant, generator)
     opt.step()
 
 
-def saved_activation_bytes(model, ids, targets, variant: str) -> int:
-    """Bytes of distinct non-parameter storages that autograd saves for the backward in one forward."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
+class SavedBytes:
+    """saved_tensors_hooks that track the bytes autograd holds for the backward at any one time.
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    pack wraps every saved tensor in a ``_Held`` handle; autograd drops the handle when it releases the
+    saved variable (after the node has run in a backward without retain_graph, or when the graph is
+    freed), and the handle's ``__del__`` gives its storage back. A storage is counted once while any
+    handle to it is alive; parameters are excluded. ``peak`` is the most held at once, so K graphs held
+    together count K times, and K graphs backpropagated one after the other count once.
+    """
+
+    def __init__(self, model) -> None:
+        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.live: dict[int, list[int]] = {}  # storage ptr -> [nbytes, handles alive]
+        self.current = 0
+        self.peak = 0
+
+    def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
-        if ptr not in params and ptr not in seen:
-            seen[ptr] = storage.nbytes()
-        return t
+        if ptr in self.params:
+            return t
+        entry = self.live.get(ptr)
+        if entry is None:
+            self.live[ptr] = [storage.nbytes(), 1]
+            self.current += storage.nbytes()
+            self.peak = max(self.peak, self.current)
+        else:
+            entry[1] += 1
+        return _Held(t, ptr, self)
 
+    @staticmethod
+    def unpack(x):
+        return x.t if isinstance(x, _Held) else x
+
+    def release(self, ptr: int) -> None:
+        entry = self.live[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.current -= entry[0]
+            del self.live[ptr]
+
+
+class _Held:
+    __slots__ = ("t", "ptr", "owner")
+
+    def __init__(self, t: torch.Tensor, ptr: int, owner: SavedBytes) -> None:
+        self.t, self.ptr, self.owner = t, ptr, owner
+
+    def __del__(self) -> None:
+        self.owner.release(self.ptr)
+
+
+def saved_activation_bytes(model, ids, targets, variant: str) -> int:
+    """Peak bytes of non-parameter storages autograd holds for the backward during one forward + backward."""
+    counter = SavedBytes(model)
     generator = torch.Generator(device=ids.device).manual_seed(0)
-    passes, detach = VARIANTS[variant]
-    if detach == "per-pass":  # one graph at a time: the largest pass counts
-        peak = [0]
-
-        def pass_end() -> None:
-            peak[0] = max(peak[0], sum(seen.values()))
-            seen.clear()
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            per_pass_backward(model, ids, targets, passes, generator, on_pass_end=pass_end)
-        model.zero_grad(set_to_none=True)
-        return peak[0]
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = loss_of(model, ids, targets, variant, generator)
-    del loss
-    return sum(seen.values())
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+        forward_backward(model, ids, targets, variant, generator)
+    model.zero_grad(set_to_none=True)
+    if counter.live:
+        raise RuntimeError(f"{variant}: {len(counter.live)} saved storages still held after the backward")
+    return counter.peak
 
 
 def rss_child(size_name: str, variant: str, quick: bool, threads: int) -> None:

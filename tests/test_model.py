@@ -383,6 +383,9 @@ def test_per_pass_backward_equals_one_backward_when_detached(passes):
             torch.testing.assert_close(param.grad, 0.5 * reference[name], atol=1e-12, rtol=1e-10)
     with pytest.raises(ValueError, match="detach"):
         model.multipass(ids, passes=2, labels=labels, backward_scale=1.0)
+    lean = model.multipass(ids, generator=torch.Generator().manual_seed(1), keep_logits=False, **kwargs)
+    assert lean.logits == [] and len(lean.hidden) == passes
+    torch.testing.assert_close(lean.loss, out.loss, atol=1e-12, rtol=0)
 
 
 def test_loss_is_eq12_and_z_loss():

@@ -55,7 +55,7 @@ def evaluate(
         targets = batch.targets.to(model.device)
         plain = batch.plain_mask.to(model.device)
         with autocast or torch.autocast("cpu", enabled=False):
-            out = model.multipass(ids, passes=fused_passes + 1, labels=targets, plain_mask=plain)
+            out = model.multipass(ids, passes=fused_passes + 1, labels=targets, plain_mask=plain, keep_logits=False)
         n = targets.numel()
         positions += n
         for k, loss in enumerate(out.pass_losses):

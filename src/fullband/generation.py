@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from fullband.model import FullBandLM, KVCache, shift_right
+from fullband.model import FullBandLM, KVCache
 
 MODES = ("standard", "soft", "fused")
 
@@ -143,23 +143,15 @@ def generate_stream(
         generator = torch.Generator(device=model.device).manual_seed(seed)
     cache = KVCache(model.config, B, T + max_new_tokens, model.device, model.embed.weight.dtype)
 
-    # Prefill: one plain pass, then (fused mode) extra passes fusing the previous pass's states.
-    # Padding and each prompt's first token stay plain; there is no state before a prompt.
-    plain = ~mask | (positions == 0)
-    out = model(ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=1)
-    for _ in range(fused_passes if mode == "fused" else 0):
-        cache.reset()
-        out = model(
-            ids,
-            feedback=shift_right(out.hidden),
-            plain_mask=plain,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    out = model.prefill(
+        ids,
+        fused_passes if mode == "fused" else 0,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
 
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=model.device)

@@ -413,6 +413,40 @@ class FullBandLM(nn.Module):
         logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
         return ModelOutput(logits=logits, hidden=hidden, past_key_values=cache if use_cache else None)
 
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        fused_passes: int = 0,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        logits_to_keep: int = 0,
+    ) -> ModelOutput:
+        """The prompt pass of SPEC §4: one plain pass, then ``fused_passes`` fused passes (fused(n) mode),
+        each fusing the previous pass's states shifted by one position. Padding and each row's first
+        real token stay plain. With a cache, it ends up holding the last pass's keys and values."""
+        B, T = input_ids.shape
+        if position_ids is None and attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
+                      use_cache=use_cache, logits_to_keep=logits_to_keep)
+        start = past_key_values.length if past_key_values is not None else 0
+        out = self(input_ids, **kwargs)
+        if fused_passes == 0:
+            return out
+        plain = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
+        plain[:, 0] = True
+        if position_ids is not None:
+            plain |= position_ids == 0
+        if attention_mask is not None:
+            plain |= ~attention_mask.to(torch.bool)
+        for _ in range(fused_passes):
+            if past_key_values is not None:
+                past_key_values.length = start  # the next pass overwrites this pass's keys and values
+            out = self(input_ids, feedback=shift_right(out.hidden), plain_mask=plain, **kwargs)
+        return out
+
     def _attention_masks(self, B, T, start, attention_mask, cache) -> dict[int | None, torch.Tensor | None]:
         """Boolean SDPA masks (True = may attend) keyed by window size (None = full attention).
 
@@ -469,6 +503,7 @@ class FullBandLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         backward_scale: float | None = None,
+        keep_logits: bool = True,
     ) -> MultipassOutput:
         """K passes over the whole sequence, all positions in parallel.
 
@@ -481,7 +516,8 @@ class FullBandLM(nn.Module):
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
         which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
         backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
-        graph, so detaching saves memory; the returned loss is then detached.
+        graph, so detaching saves memory; the returned loss is then detached. ``keep_logits=False``
+        returns no logits (``out.logits`` is empty), so (B, T, V) tensors are not held across passes.
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
@@ -529,7 +565,8 @@ class FullBandLM(nn.Module):
                     logits, hidden = logits.detach(), hidden.detach()
                 terms.append(term)
                 out.pass_losses.append(pass_loss)
-            out.logits.append(logits)
+            if keep_logits:
+                out.logits.append(logits)
             out.hidden.append(hidden)
             if k + 1 < passes:
                 feedback = shift_right(hidden.detach() if detach else hidden)

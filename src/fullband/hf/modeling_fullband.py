@@ -26,7 +26,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_fullband import DECODE_MODES, FullBandHFConfig
-from .fullband_model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq, shift_right
+from .fullband_model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq
 
 try:  # transformers >= 5: init functions that skip already-loaded tensors
     from transformers import initialization as _init
@@ -275,34 +275,16 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
     def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes):
         """Plain pass, plus ``passes`` fused passes in fused mode (SPEC §4); padding and each row's first
         position stay plain. With ``kv`` the cache of the last pass is kept."""
-        fb = self.model
-        B, T = input_ids.shape
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
-            if position_ids is None:
-                position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        if position_ids is None:
-            position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
-        out = fb(
-            input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=kv, use_cache=kv is not None
+        T = input_ids.shape[1]
+        mask = None if attention_mask is None else attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
+        out = self.model.prefill(
+            input_ids,
+            passes if mode == "fused" else 0,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=kv,
+            use_cache=kv is not None,
         )
-        if mode == "fused":
-            plain = position_ids == 0
-            if mask is not None:
-                plain = plain | ~mask
-            for _ in range(passes):
-                if kv is not None:
-                    kv.reset()
-                out = fb(
-                    input_ids,
-                    feedback=shift_right(out.hidden),
-                    plain_mask=plain,
-                    attention_mask=mask,
-                    position_ids=position_ids,
-                    past_key_values=kv,
-                    use_cache=kv is not None,
-                )
         return out.logits, out.hidden
 
     def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, mode, passes):

@@ -354,12 +354,14 @@ class Trainer:
                                 input_ids=batch.input_ids, passes=passes, labels=batch.targets,
                                 plain_mask=batch.plain_mask, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
                                 later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
-                                backward_scale=per_pass_backward,
+                                backward_scale=per_pass_backward, keep_logits=False,
                             )
+                        loss, pass_losses = out.loss, out.pass_losses
+                        del out  # hold no pass's outputs through the backward
                         if per_pass_backward is None:
-                            (out.loss / t.grad_accum).backward()
-                    loss_sum += out.loss.item() / t.grad_accum
-                    for k, pass_loss in enumerate(out.pass_losses):
+                            (loss / t.grad_accum).backward()
+                    loss_sum += loss.item() / t.grad_accum
+                    for k, pass_loss in enumerate(pass_losses):
                         pass_sums[k] += pass_loss.item() / t.grad_accum
                 grad_norm = self._clip(model)
                 values = self._all_mean(torch.tensor([loss_sum, grad_norm, *pass_sums], dtype=torch.float64))
