@@ -278,6 +278,7 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.key_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
+        self.has_padding = False  # whether key_mask masks anything
         self.max_len = max_len
         self.length = 0  # positions written so far (committed after the forward's last layer)
 
@@ -461,10 +462,14 @@ class FullBandLM(nn.Module):
                     attention_mask = attention_mask[:, start:]
                 cache.key_mask[:, start : start + T] = attention_mask
         n_keys = start + T
+        # Only a forward that is given an attention mask inspects it (a device sync); decode steps
+        # reuse the cache's flag.
+        has_padding = attention_mask is not None and not bool(attention_mask.all())
         key_mask = None
-        if cache is not None and not bool(cache.key_mask[:, :n_keys].all()):
-            key_mask = cache.key_mask[:, :n_keys]
-        elif cache is None and attention_mask is not None and not bool(attention_mask.all()):
+        if cache is not None:
+            cache.has_padding |= has_padding
+            key_mask = cache.key_mask[:, :n_keys] if cache.has_padding else None
+        elif has_padding:
             key_mask = attention_mask
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in windows:

@@ -161,6 +161,7 @@ class FullBandCache(Cache):
                 new.k[layer][:, :, :n] = kv.k[layer][:, :, :n]
                 new.v[layer][:, :, :n] = kv.v[layer][:, :, :n]
             new.key_mask[:, :n] = kv.key_mask[:, :n]
+            new.has_padding = kv.has_padding
             new.length = n
         self.kv = new
         return new
