@@ -59,6 +59,19 @@ def test_txt_files_and_globs(tmp_path):
     assert sorted(ids) == [f"doc{i:03d}.txt" for i in [*range(10), *range(50, 60)]]
 
 
+def test_single_txt_file_is_split_by_position(tmp_path):
+    path = tmp_path / "input.txt"
+    path.write_text("".join(f"line {i}\n" for i in range(100)))
+    cfg = DataConfig(source=str(path), val_fraction=0.1)
+    (train_id, train), = _docs(cfg, "train")
+    (val_id, val), = _docs(cfg, "val")
+    assert train == "".join(f"line {i}\n" for i in range(90))
+    assert val == "".join(f"line {i}\n" for i in range(90, 100))
+    assert (train_id, val_id) == ("input.txt#train", "input.txt#val")
+    dataset = prepare_dataset(cfg, tmp_path / "out")
+    assert len(dataset.split("val")) == len(val) + 2  # bytes + <bos> + <eos>
+
+
 def test_jsonl_source(tmp_path):
     p = tmp_path / "data.jsonl"
     p.write_text("\n".join(json.dumps({"body": f"row {i} text", "x": i}) for i in range(40)) + "\n\n")

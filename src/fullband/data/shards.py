@@ -136,7 +136,7 @@ def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, sha
             f"The {split} split of data.source {cfg.source!r} is empty: no non-empty document "
             f"({stats.skipped_files} unreadable files skipped). "
             + ("With few documents, the hash split by val_fraction can leave one split empty: add more "
-               "documents (e.g. split a single big text file into several) or raise data.val_fraction."
+               "documents or raise data.val_fraction."
                if split == "val" else "Check that the source holds text and that data.text_field is right.")
         )
     doc_starts = np.concatenate(starts)

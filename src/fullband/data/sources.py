@@ -2,7 +2,8 @@
 
 The train/val split is decided per document by a stable hash of its id (relative path, `file:line`,
 `file:row`), so it does not depend on file order, machine or Python version, and a document never
-lands in both splits. Sources that come with their own validation split (a `datasets` DatasetDict
+lands in both splits. A source that is a single .txt file is split by position instead. Sources
+that come with their own validation split (a `datasets` DatasetDict
 with a "validation" split) keep it; synthetic tasks draw train and val examples from separate seeds.
 """
 
@@ -233,6 +234,9 @@ def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[
     base = Path(os.path.commonpath([str(p) for p in paths]))
     if len(paths) == 1:
         base = base.parent
+    if len(paths) == 1 and paths[0].suffix == ".txt":
+        yield from _single_text_documents(paths[0], cfg.val_fraction)
+        return
     for path in paths:
         rel = path.relative_to(base).as_posix()
         if path.is_dir():
@@ -244,6 +248,15 @@ def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[
             yield from _jsonl_documents(path, rel, cfg.text_field)
         else:
             yield from _parquet_documents(path, rel, cfg.text_field)
+
+
+def _single_text_documents(path: Path, val_fraction: float) -> Iterator[RawDoc]:
+    """One plain-text file (a novel, a code dump) is split by position, as nanoGPT does: the first
+    1 - val_fraction of its lines train, the rest validate. A hash of one id would put it all in one split."""
+    lines = _decode(path.read_bytes(), path).splitlines(keepends=True)
+    cut = round(len(lines) * (1 - val_fraction))
+    yield f"{path.name}#train", "".join(lines[:cut]), "train"
+    yield f"{path.name}#val", "".join(lines[cut:]), "val"
 
 
 def _decode(data: bytes, path: Path, line: int | None = None, offset: int = 0) -> str:
