@@ -34,13 +34,24 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         for name, schedule in SCHEDULES.items():
-            overrides = {"train.schedule": schedule, "train.seed": str(seed), "train.progress": "false",
-                         "train.log_every": "100000"}
+            overrides = {
+                "train.schedule": schedule,
+                "train.seed": str(seed),
+                "train.progress": "false",
+                "train.log_every": "100000",
+            }
             config = load_config(PRESET_DIR / f"{args.preset}.yaml", overrides)
             started = time.perf_counter()
             result = train(config, work / f"{name}-seed{seed}", data_dir=work / "data")
-            runs.append({"model": name, "seed": seed, "loss": result.final_eval.loss,
-                         "compute_tokens": result.compute_tokens, "seconds": round(time.perf_counter() - started, 1)})
+            runs.append(
+                {
+                    "model": name,
+                    "seed": seed,
+                    "loss": result.final_eval.loss,
+                    "compute_tokens": result.compute_tokens,
+                    "seconds": round(time.perf_counter() - started, 1),
+                }
+            )
             for mode, value in result.final_eval.loss.items():
                 losses[name].setdefault(mode, []).append(value)
 
@@ -57,8 +68,9 @@ def main() -> None:
     print(f"preset {args.preset}, seeds {args.seeds}; mean ± sample std of validation loss (nats/token)\n")
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"preset": args.preset, "seeds": args.seeds, "runs": runs,
-                                          "table": table}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"preset": args.preset, "seeds": args.seeds, "runs": runs, "table": table}, indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
 import statistics
 import sys
@@ -35,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_common_arguments, machine_info, print_header, setup_device
 
 from fullband.generation import generate_stream
 from fullband.model import FullBandConfig, FullBandLM
@@ -55,29 +54,6 @@ MODES = [
     ("fused(1)", dict(mode="fused", fused_passes=1)),
     ("fused(2)", dict(mode="fused", fused_passes=2)),
 ]
-
-
-def machine_info(threads: int, device: str) -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": threads,
-        "device": device,
-    }
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def macs_per_token(cfg: FullBandConfig, context: int) -> dict:
@@ -273,11 +249,12 @@ def table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small models, few tokens: a smoke run (< 30 s)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 7; quick 3)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_common_arguments(
+        p,
+        "small models, few tokens: a smoke run (< 30 s)",
+        "interleaved repetitions (default 7; quick 3)",
+        ["float32", "bfloat16", "float16"],
+    )
     p.add_argument("--batch", type=int, nargs="+", default=None, help="batch sizes (default 1 8)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; quick 16)")
     p.add_argument("--new-tokens", type=int, default=None, help="generated tokens (default 128; quick 16)")
@@ -303,24 +280,14 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(models)}")
         models = {k: models[k] for k in args.models}
 
-    torch.set_num_threads(args.threads)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda but CUDA is not available")
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    device, dtype, sync = setup_device(args, p)
 
     started = time.time()
     results = {name: bench_model(name, kw, args, dtype, device, sync) for name, kw in models.items()}
     elapsed = time.time() - started
 
     machine = machine_info(args.threads, args.device)
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    print(f"# decode benchmark\n\ncommand: `{command}`\n")
-    print(
-        f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores visible, torch {machine['torch']}, "
-        f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
-    )
+    command = print_header("decode benchmark", argv, machine, args)
     print(
         f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens (greedy), {args.repeats} repetitions, "
         "modes interleaved step by step. Times: medians over repetitions. Ratios to standard: "

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import add_common_arguments, machine_info, print_header, setup_device
 
 from fullband.model import FullBandConfig, FullBandLM
 
@@ -80,29 +80,6 @@ VARIANTS = {
     "K=3 detach, per-pass backward": (3, "per-pass"),
     "K=3 detach, one backward": (3, "one"),
 }
-
-
-def machine_info(threads: int, device: str) -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_model": cpu,
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": threads,
-        "device": device,
-    }
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def build(size: dict, device, dtype, seed: int = 0):
@@ -336,11 +313,12 @@ def table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="one tiny size, 2 repetitions: a smoke run (< 30 s)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 5; quick 2)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_common_arguments(
+        p,
+        "one tiny size, 2 repetitions: a smoke run (< 30 s)",
+        "interleaved repetitions (default 5; quick 2)",
+        ["float32", "bfloat16"],
+    )
     p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: {DEFAULT_SIZES})")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_step[_quick].json)")
@@ -361,24 +339,14 @@ def main(argv: list[str] | None = None) -> None:
             p.error(f"unknown size(s) {sorted(unknown)}; choose from {list(sizes)}")
         sizes = {k: sizes[k] for k in args.sizes}
 
-    torch.set_num_threads(args.threads)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda but CUDA is not available")
-    device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    device, dtype, sync = setup_device(args, p)
 
     started = time.time()
     results = {name: bench_size(name, size, args, device, dtype, sync) for name, size in sizes.items()}
     elapsed = time.time() - started
 
     machine = machine_info(args.threads, args.device)
-    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
-    print(f"# train-step benchmark\n\ncommand: `{command}`\n")
-    print(
-        f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores visible, torch {machine['torch']}, "
-        f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
-    )
+    command = print_header("train-step benchmark", argv, machine, args)
     shapes = ", ".join(
         f"{n}: batch {r['batch']} × seq {r['seq']}, {r['params'] / 1e6:.2f} M params "
         f"({r['params_without_fusion'] / 1e6:.2f} M without the fusion)"

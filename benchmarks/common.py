@@ -1,0 +1,64 @@
+"""What the benchmark scripts share: the common command-line flags, device setup, and the machine
+description written next to every result."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def add_common_arguments(p: argparse.ArgumentParser, quick_help: str, repeats_help: str, dtypes: list[str]) -> None:
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=dtypes)
+
+
+def setup_device(args: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[torch.device, torch.dtype, Callable]:
+    """Set the thread count; return the device, dtype and a synchronise function for timing."""
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    return torch.device(args.device), getattr(torch, args.dtype), sync
+
+
+def machine_info(threads: int, device: str) -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_model": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "device": device,
+    }
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def print_header(title: str, argv: list[str] | None, machine: dict, args: argparse.Namespace) -> str:
+    """Print the title, the exact command and the machine line; return the command."""
+    command = "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
+    print(f"# {title}\n\ncommand: `{command}`\n")
+    print(
+        f"machine: {machine['cpu_model']}, {machine['cpu_count']} cores visible, torch {machine['torch']}, "
+        f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
+    )
+    return command
