@@ -125,6 +125,9 @@ def test_prepare_train_eval_generate(trained, capsys, tmp_path):
     code, out, err = run(["generate", run_dir, "--prompt", "the cat", "--mode", "fused", "--fused-passes", 2,
                           "--max-new-tokens", 4, "--stream"], capsys)
     assert code == 0 and out.startswith("the cat"), err
+    # a bad request is refused before anything is printed
+    code, out, err = run(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", 100000], capsys)
+    assert code == 2 and out == "" and "exceeds the model's max_seq_len" in err
 
 
 def test_resume_defaults_to_the_runs_own_config(trained, capsys, tmp_path):

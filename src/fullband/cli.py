@@ -5,19 +5,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import sys
 import typing
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from fullband.config import SECTIONS, field_help, load_config
+from fullband.config import SECTIONS, RunConfig, field_help, load_config
 from fullband.errors import FullbandError
+
+if TYPE_CHECKING:
+    from fullband.data import Tokenizer
+    from fullband.eval import EvalResult
+    from fullband.model import FullBandLM
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
-def _type_name(annotation) -> str:
+def _type_name(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "")
     return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
             "<class 'bool'>": "BOOL"}.get(text, text.upper())
@@ -38,7 +45,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
             )
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     overrides.update(args.unknown_overrides)  # unknown --section.field: build_config explains
     path = args.config
@@ -50,7 +57,7 @@ def config_from_args(args: argparse.Namespace):
 # ---- subcommands --------------------------------------------------------------------------------
 
 
-def cmd_prepare(args) -> None:
+def cmd_prepare(args: argparse.Namespace) -> None:
     from fullband.data import prepare_dataset
 
     config = config_from_args(args)
@@ -60,7 +67,7 @@ def cmd_prepare(args) -> None:
     print(f"tokenizer: {dataset.manifest['tokenizer']['kind']} (vocab {dataset.vocab_size}); wrote {args.out}")
 
 
-def cmd_train(args) -> None:
+def cmd_train(args: argparse.Namespace) -> None:
     from fullband.train import train
 
     saved = Path(args.out_dir) / "config.yaml"
@@ -76,7 +83,7 @@ def cmd_train(args) -> None:
         print(format_eval_table({"model": result.final_eval}))
 
 
-def format_eval_table(results: dict) -> str:
+def format_eval_table(results: dict[str, EvalResult]) -> str:
     """Markdown table: one row per model, one column per decode mode."""
     columns: list[str] = []
     for result in results.values():
@@ -99,7 +106,7 @@ def default_data_dir(model_dir: Path) -> Path:
     return model_dir.parent.parent.parent / "data"
 
 
-def cmd_eval(args) -> None:
+def cmd_eval(args: argparse.Namespace) -> None:
     import torch
 
     from fullband.data import load_tokenizer, open_dataset
@@ -124,7 +131,7 @@ def cmd_eval(args) -> None:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
 
 
-def load_for_generation(checkpoint: str, device: str | None = None):
+def load_for_generation(checkpoint: str, device: str | None = None) -> tuple[FullBandLM, Tokenizer]:
     import torch
 
     from fullband.data import load_tokenizer
@@ -139,44 +146,49 @@ def load_for_generation(checkpoint: str, device: str | None = None):
     return FullBandLM.from_pretrained(model_dir, device=device).eval(), load_tokenizer(tokenizer_dir)
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
     ids = tokenizer.encode(text)
     return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
 
 
-def cmd_generate(args) -> None:
+def cmd_generate(args: argparse.Namespace) -> None:
     model, tokenizer = load_for_generation(args.checkpoint, args.device)
     prompt = encode_prompt(tokenizer, args.prompt)
     kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed)
+    stream = model.generate_stream([prompt], args.max_new_tokens, **kwargs)
+    first = next(stream, None)  # bad arguments fail here, before anything is printed
     sys.stdout.write(args.prompt)
     produced: list[int] = []
     shown = ""
-    for token in model.generate_stream([prompt], args.max_new_tokens, **kwargs):
-        if int(token[0]) == tokenizer.eos_id:
+    for token in itertools.chain([first] if first is not None else [], stream):
+        token_id = int(token[0])
+        if token_id == tokenizer.eos_id:
             break
-        produced.append(int(token[0]))
+        produced.append(token_id)
+        if not args.stream:
+            continue  # decoded once, after the loop
         text = tokenizer.decode(produced)
-        if args.stream and not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
+        if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
             sys.stdout.write(text[len(shown):])
             sys.stdout.flush()
             shown = text
     sys.stdout.write(tokenizer.decode(produced)[len(shown):] + "\n")
 
 
-def cmd_demo(args) -> None:
+def cmd_demo(args: argparse.Namespace) -> None:
     from fullband.demo import run_demo
 
     run_demo(Path(args.out_dir), quick=args.quick)
 
 
-def cmd_convert(args) -> None:
+def cmd_convert(args: argparse.Namespace) -> None:
     from fullband.hf import convert_from_hf
 
     print(f"wrote {convert_from_hf(args.from_hf, args.out)}")
 
 
-def cmd_export_hf(args) -> None:
+def cmd_export_hf(args: argparse.Namespace) -> None:
     from fullband.hf import export_hf
     from fullband.train.checkpoint import resolve_model_dir
 

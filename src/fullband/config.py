@@ -115,7 +115,8 @@ class RunConfig:
                     "keep_checkpoints", "max_bad_steps")
         for name in positive:
             if getattr(t, name) < (0 if name == "warmup_steps" else 1):
-                raise ConfigError(f"train.{name}={getattr(t, name)} must be a positive integer")
+                kind = "a non-negative" if name == "warmup_steps" else "a positive"
+                raise ConfigError(f"train.{name}={getattr(t, name)} must be {kind} integer")
         if t.seq_len > self.model.max_seq_len:
             raise ConfigError(
                 f"train.seq_len={t.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}: "

@@ -3,13 +3,18 @@ the Jacobi convergence of the pass iteration (SPEC §6)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
+
+if TYPE_CHECKING:
+    from fullband.data.loader import Batch
 
 
 @dataclass
@@ -32,7 +37,7 @@ def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(
     model: FullBandLM,
-    batches,
+    batches: Iterable[Batch],
     fused_passes: int = 3,
     sequential: bool = False,
     autocast: torch.autocast | None = None,

@@ -8,12 +8,13 @@
 
 Batches of prompts with different lengths are **left-padded**: every row then shares one cache write
 position, padding keys are masked, and RoPE positions count real tokens only, so a row's result does
-not depend on what it is batched with. The loop only calls ``model.forward``.
+not depend on what it is batched with. The loop only calls ``model.prefill`` and ``model.forward``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -162,7 +163,8 @@ def generate_stream(
             token = token.masked_fill(finished, eos_token_id)
             finished |= token == eos_token_id
         yield token
-        if step + 1 == max_new_tokens or bool(finished.all()):
+        # finished.all() syncs with the device, so check it only when rows can finish early.
+        if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
             return
         out = model(
             token.unsqueeze(1),
@@ -178,7 +180,7 @@ def generate(
     model: FullBandLM,
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
-    **kwargs,
+    **kwargs: Any,
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,14 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, masks, cache):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        masks: dict[int | None, torch.Tensor | None],
+        cache: KVCache | None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, masks, cache, self.layer)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -273,7 +280,14 @@ class KVCache:
     positions hold real tokens, so padding is never attended to.
     """
 
-    def __init__(self, config: FullBandConfig, batch_size: int, max_len: int, device=None, dtype=None):
+    def __init__(
+        self,
+        config: FullBandConfig,
+        batch_size: int,
+        max_len: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         shape = (batch_size, config.n_kv_heads, max_len, config.resolved_head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
@@ -328,6 +342,8 @@ class FullBandLM(nn.Module):
         self.fusion = Fusion(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        # The distinct attention windows (None = full), one SDPA mask each; fixed by the config.
+        self._windows = {layer.attn.window for layer in self.layers}
         self.reset_parameters()
 
     def _apply(self, fn, recurse=True):
@@ -338,20 +354,19 @@ class FullBandLM(nn.Module):
         return self
 
     def reset_parameters(self) -> None:
+        self._init_modules(self.modules())
+
+    def reset_fusion_parameters(self) -> None:
+        """Fresh fusion weights, for adding feedback to a standard checkpoint (mid-training)."""
+        self._init_modules(self.fusion.modules())
+
+    def _init_modules(self, modules: Iterable[nn.Module]) -> None:
         std = self.config.init_std
-        for module in self.modules():
+        for module in modules:
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
-
-    def reset_fusion_parameters(self) -> None:
-        """Fresh fusion weights, for adding feedback to a standard checkpoint (mid-training)."""
-        for module in self.fusion.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
 
@@ -453,7 +468,6 @@ class FullBandLM(nn.Module):
 
         A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
         """
-        windows = {layer.attn.window for layer in self.layers}
         device = self.device
         if attention_mask is not None:
             attention_mask = attention_mask.to(device=device, dtype=torch.bool)
@@ -472,7 +486,7 @@ class FullBandLM(nn.Module):
         elif has_padding:
             key_mask = attention_mask
         masks: dict[int | None, torch.Tensor | None] = {}
-        for window in windows:
+        for window in self._windows:
             need_window = window is not None and n_keys > window
             if key_mask is None and not need_window and (start == 0 or T == 1):
                 masks[window] = None  # causal (T > 1, no cache offset) or a single query seeing all keys
@@ -582,9 +596,11 @@ class FullBandLM(nn.Module):
             out.loss = torch.stack(terms).sum()
         return out
 
-    # ---- decoding (the loop lives in fullband.generation; it only calls forward) -------------------
+    # ---- decoding (the loop lives in fullband.generation; it only calls prefill and forward) ------
 
-    def generate(self, input_ids, max_new_tokens: int, **kwargs) -> torch.Tensor:
+    def generate(
+        self, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any
+    ) -> torch.Tensor:
         """Generate new tokens; see ``fullband.generation.generate`` for the arguments."""
         try:  # inside try: the Hugging Face export ships this file without the fullband package
             from fullband.generation import generate
@@ -593,7 +609,9 @@ class FullBandLM(nn.Module):
 
         return generate(self, input_ids, max_new_tokens, **kwargs)
 
-    def generate_stream(self, input_ids, max_new_tokens: int, **kwargs):
+    def generate_stream(
+        self, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any
+    ) -> Iterator[torch.Tensor]:
         """Yield one (B,) tensor of new tokens per step; see ``fullband.generation.generate_stream``."""
         try:
             from fullband.generation import generate_stream
@@ -642,7 +660,12 @@ class FullBandLM(nn.Module):
         return model.to(device=device, dtype=dtype)
 
 
-def uniform(shape, generator, device, dtype) -> torch.Tensor:
+def uniform(
+    shape: Sequence[int],
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """U[0, 1) samples; with a list of per-row generators, row i is drawn from generator i."""
     if isinstance(generator, (list, tuple)):
         return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generator])

@@ -79,10 +79,6 @@ class TokenLoader:
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = -1, np.zeros(0, dtype=np.int64)
 
-    @property
-    def steps_per_epoch(self) -> float:
-        return self.num_windows / self.batch_size
-
     def _epoch_order(self) -> np.ndarray:
         if self._order_epoch != self.epoch:
             rng = np.random.default_rng([self.seed, self.epoch])

@@ -230,13 +230,13 @@ def _resolve_paths(source: str) -> list[Path]:
 
 def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
     paths = _resolve_paths(cfg.source)
+    if len(paths) == 1 and paths[0].suffix == ".txt":
+        yield from _single_text_documents(paths[0], cfg.val_fraction)
+        return
     # Ids are relative to the files' common directory, so moving the corpus keeps the split.
     base = Path(os.path.commonpath([str(p) for p in paths]))
     if len(paths) == 1:
         base = base.parent
-    if len(paths) == 1 and paths[0].suffix == ".txt":
-        yield from _single_text_documents(paths[0], cfg.val_fraction)
-        return
     for path in paths:
         rel = path.relative_to(base).as_posix()
         if path.is_dir():

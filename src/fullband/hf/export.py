@@ -19,6 +19,7 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
 }
 
+
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

@@ -21,9 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import ModelOutput
 
 from .configuration_fullband import DECODE_MODES, FullBandHFConfig
 from .fullband_model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq
@@ -341,12 +342,12 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
 
     def generate(
         self,
-        inputs=None,
-        generation_config=None,
+        inputs: torch.Tensor | None = None,
+        generation_config: GenerationConfig | None = None,
         decode_mode: str | None = None,
         fused_passes: int | None = None,
         **kwargs,
-    ):
+    ) -> torch.LongTensor | ModelOutput:
         """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
         "fused"; default ``config.decode_mode``) and ``fused_passes`` (default ``config.fused_passes``).
         Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted

@@ -47,15 +47,20 @@ def lr_multiplier(step: int, total_steps: int, cfg: TrainConfig) -> float:
         span = max(1, total_steps - cfg.warmup_steps)
         progress = min(1.0, (step - cfg.warmup_steps) / span)
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-    decay_start = total_steps - int(round(cfg.decay_fraction * total_steps))
+    decay_start = _decay_start(total_steps, cfg)
     if step < decay_start:
         return 1.0
     progress = (step - decay_start + 1) / max(1, total_steps - decay_start)
     return floor + (1 - floor) * (1 - progress)
 
 
+def _decay_start(total_steps: int, cfg: TrainConfig) -> int:
+    """First step of the wsd decay phase (the last ``decay_fraction`` of the steps)."""
+    return total_steps - int(round(cfg.decay_fraction * total_steps))
+
+
 def in_cooldown(step: int, total_steps: int, cfg: TrainConfig) -> bool:
-    return cfg.lr_schedule == "wsd" and step >= total_steps - int(round(cfg.decay_fraction * total_steps))
+    return cfg.lr_schedule == "wsd" and step >= _decay_start(total_steps, cfg)
 
 
 def set_lr(optimizers: list[torch.optim.Optimizer], multiplier: float) -> float:

@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
 from fullband.data import PreparedDataset, TokenLoader, load_tokenizer, open_dataset, prepare_dataset
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
-from fullband.model import FullBandConfig, FullBandLM
+from fullband.model import FullBandConfig, FullBandLM, MultipassOutput
 from fullband.train.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
@@ -63,7 +64,7 @@ class MultipassObjective(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, **kwargs):
+    def forward(self, **kwargs: Any) -> MultipassOutput:
         return self.model.multipass(**kwargs)
 
 
@@ -340,13 +341,15 @@ class Trainer:
                 passes = schedule.passes_for_step(step, total_steps, t.seed)
                 lr = set_lr(optimizers, lr_multiplier(step, total_steps, t))
                 z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, total_steps, t)) else 0.0
-                loss_sum, pass_sums = 0.0, [0.0] * passes
+                # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
+                loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
                 for micro in range(t.grad_accum):
                     batch = loader.next_batch().to(self.device)
+                    # A 1-pass step draws no prefix length and no jitter, so it needs no generators.
                     generators = [
                         torch.Generator(device=self.device).manual_seed(_row_seed(t.seed, step, micro, row))
                         for row in range(self.rank, t.batch_size, self.world_size)
-                    ]
+                    ] if passes > 1 else None
                     sync = micro + 1 == t.grad_accum or not hasattr(objective, "no_sync")
                     with contextlib.nullcontext() if sync else objective.no_sync():
                         with autocast:
@@ -360,12 +363,10 @@ class Trainer:
                         del out  # hold no pass's outputs through the backward
                         if per_pass_backward is None:
                             (loss / t.grad_accum).backward()
-                    loss_sum += loss.item() / t.grad_accum
-                    for k, pass_loss in enumerate(pass_losses):
-                        pass_sums[k] += pass_loss.item() / t.grad_accum
+                    loss_sums += torch.stack([v.detach().double() for v in (loss, *pass_losses)]) / t.grad_accum
                 grad_norm = self._clip(model)
-                values = self._all_mean(torch.tensor([loss_sum, grad_norm, *pass_sums], dtype=torch.float64))
-                loss_value, grad_norm = values[0], values[1]
+                values = self._all_mean(torch.cat([loss_sums.cpu(), torch.tensor([grad_norm], dtype=torch.float64)]))
+                loss_value, grad_norm = values[0], values[-1]
                 good = math.isfinite(loss_value) and math.isfinite(grad_norm)
                 if good:
                     for opt in optimizers:
@@ -381,7 +382,7 @@ class Trainer:
                 compute_tokens += tokens_per_step * passes
                 record = {
                     "step": step, "tokens": tokens, "compute_tokens": compute_tokens, "loss": loss_value,
-                    "passes": passes, "pass_losses": values[2:], "lr": lr, "grad_norm": grad_norm,
+                    "passes": passes, "pass_losses": values[1:-1], "lr": lr, "grad_norm": grad_norm,
                     "skipped": not good, "elapsed_s": round(time.perf_counter() - started, 3),
                     "tokens_per_s": round((step - start_step) * tokens_per_step / (time.perf_counter() - started), 1),
                 }
