@@ -14,8 +14,8 @@ import statistics
 import time
 from pathlib import Path
 
-from fullband.cli import PRESET_DIR
 from fullband.config import load_config
+from fullband.loading import PRESET_DIR
 from fullband.train import train
 
 SCHEDULES = {"baseline": "standard", "fbt": "paper"}

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import yaml
 
-from fullband.cli import PRESET_DIR
 from fullband.config import SECTIONS, RunConfig, build_config, field_help, load_config
 from fullband.errors import ConfigError, FullbandError
+from fullband.loading import PRESET_DIR
 
 
 def test_defaults_and_round_trip(tmp_path):

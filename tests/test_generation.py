@@ -282,7 +282,6 @@ def test_stream_yields_one_row_per_step_and_matches_generate(mode, fused_passes)
     assert all(s.shape == (len(PROMPTS),) and s.dtype == torch.long for s in steps)
     full = generate(model, PROMPTS, 6, **kw)
     assert torch.equal(torch.stack(steps, dim=1), full)
-    assert torch.equal(torch.stack(list(model.generate_stream(PROMPTS, 6, **kw)), dim=1), full)
     # With eos the stream stops once every row has finished.
     row = full[0].tolist()
     j = next(j for j in range(1, 6) if row[j] not in row[:j])  # first step emitting a new token

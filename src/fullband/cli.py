@@ -11,17 +11,11 @@ import os
 import sys
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fullband.config import SECTIONS, RunConfig, field_help, load_config
 from fullband.errors import FullbandError
-
-if TYPE_CHECKING:
-    from fullband.data import Tokenizer
-    from fullband.eval import EvalResult
-    from fullband.model import FullBandLM
-
-PRESET_DIR = Path(__file__).parent / "configs"
+from fullband.loading import PRESET_DIR, default_data_dir, default_device, encode_prompt, load_model, preset_path
 
 
 def _type_name(annotation: Any) -> str:
@@ -48,10 +42,7 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     overrides.update(args.unknown_overrides)  # unknown --section.field: build_config explains
-    path = args.config
-    if path and not Path(path).exists() and (PRESET_DIR / f"{path}.yaml").is_file():
-        path = PRESET_DIR / f"{path}.yaml"
-    return load_config(path, overrides)
+    return load_config(preset_path(args.config) if args.config else None, overrides)
 
 
 # ---- subcommands --------------------------------------------------------------------------------
@@ -68,6 +59,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from fullband.eval import format_eval_table
     from fullband.train import train
 
     saved = Path(args.out_dir) / "config.yaml"
@@ -83,34 +75,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         print(format_eval_table({"model": result.final_eval}))
 
 
-def format_eval_table(results: dict[str, EvalResult]) -> str:
-    """Markdown table: one row per model, one column per decode mode."""
-    columns: list[str] = []
-    for result in results.values():
-        columns += [c for c in result.loss if c not in columns]
-    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
-    for name, result in results.items():
-        cells = [f"{result.loss[c]:.4f}" if c in result.loss else "" for c in columns]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def default_data_dir(model_dir: Path) -> Path:
-    """The dataset a training checkpoint was trained on (recorded in its trainer state), else RUN/data."""
-    try:
-        recorded = json.loads((model_dir.parent / "trainer_state.json").read_text()).get("data_dir")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
-    if recorded and Path(recorded).is_dir():
-        return Path(recorded)
-    return model_dir.parent.parent.parent / "data"
-
-
 def cmd_eval(args: argparse.Namespace) -> None:
-    import torch
-
     from fullband.data import load_tokenizer, open_dataset
-    from fullband.eval import evaluate
+    from fullband.eval import evaluate, format_eval_table
     from fullband.model import FullBandLM
     from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
 
@@ -120,8 +87,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     tokenizer_dir = find_tokenizer_dir(model_dir)
     if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
         raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = FullBandLM.from_pretrained(model_dir, device=device)
+    model = FullBandLM.from_pretrained(model_dir, device=args.device or default_device())
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
     result = evaluate(model, batches, args.fused_passes, sequential=not args.no_sequential)
@@ -131,32 +97,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
 
 
-def load_for_generation(checkpoint: str, device: str | None = None) -> tuple[FullBandLM, Tokenizer]:
-    import torch
-
-    from fullband.data import load_tokenizer
-    from fullband.model import FullBandLM
-    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
-
-    model_dir = resolve_model_dir(checkpoint)
-    tokenizer_dir = find_tokenizer_dir(model_dir)
-    if tokenizer_dir is None:
-        raise FullbandError(f"no tokenizer saved with {model_dir} (expected {model_dir / 'tokenizer'})")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return FullBandLM.from_pretrained(model_dir, device=device).eval(), load_tokenizer(tokenizer_dir)
-
-
-def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    ids = tokenizer.encode(text)
-    return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
-
-
 def cmd_generate(args: argparse.Namespace) -> None:
-    model, tokenizer = load_for_generation(args.checkpoint, args.device)
+    from fullband.generation import generate_stream
+
+    model, tokenizer = load_model(args.checkpoint, args.device)
     prompt = encode_prompt(tokenizer, args.prompt)
     kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed)
-    stream = model.generate_stream([prompt], args.max_new_tokens, **kwargs)
+    stream = generate_stream(model, [prompt], args.max_new_tokens, **kwargs)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
     sys.stdout.write(args.prompt)
     produced: list[int] = []

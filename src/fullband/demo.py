@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from fullband.cli import PRESET_DIR, encode_prompt, format_eval_table, load_for_generation
 from fullband.config import load_config
+from fullband.eval import format_eval_table
+from fullband.generation import generate
+from fullband.loading import PRESET_DIR, encode_prompt, load_model
 from fullband.train import PassSchedule, train
 
 RUNS = {"baseline": "standard", "fbt": "paper"}  # run name -> pass schedule
@@ -41,10 +43,10 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict:
     samples = {}
     print("\n## Greedy samples (80 new tokens)")
     for name in RUNS:
-        model, tokenizer = load_for_generation(str(out_dir / name), device="cpu")
+        model, tokenizer = load_model(out_dir / name, device="cpu")
         for mode, passes in (("standard", 1), ("soft", 1), ("fused", 1)):
             label = f"{name} {mode}" + (f"({passes})" if mode == "fused" else "")
-            ids = model.generate([encode_prompt(tokenizer, PROMPT)], 80, mode=mode, fused_passes=passes,
+            ids = generate(model, [encode_prompt(tokenizer, PROMPT)], 80, mode=mode, fused_passes=passes,
                                  eos_token_id=tokenizer.eos_id)
             samples[label] = PROMPT + tokenizer.decode([t for t in ids[0].tolist() if t != tokenizer.eos_id])
             print(f"\n--- {label} ---\n{samples[label]}")

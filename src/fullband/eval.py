@@ -14,7 +14,7 @@ from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
 
 if TYPE_CHECKING:
-    from fullband.data.loader import Batch
+    from fullband.data.shards import Batch
 
 
 @dataclass
@@ -84,3 +84,15 @@ def evaluate(
     result.jacobi_delta = {k: v / positions for k, v in deltas.items()}
     result.sequential_gap = {k: v / positions for k, v in gaps.items()}
     return result
+
+
+def format_eval_table(results: dict[str, EvalResult]) -> str:
+    """Markdown table: one row per model, one column per decode mode."""
+    columns: list[str] = []
+    for result in results.values():
+        columns += [c for c in result.loss if c not in columns]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, result in results.items():
+        cells = [f"{result.loss[c]:.4f}" if c in result.loss else "" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

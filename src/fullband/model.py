@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -595,30 +595,6 @@ class FullBandLM(nn.Module):
         if terms:
             out.loss = torch.stack(terms).sum()
         return out
-
-    # ---- decoding (the loop lives in fullband.generation; it only calls prefill and forward) ------
-
-    def generate(
-        self, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any
-    ) -> torch.Tensor:
-        """Generate new tokens; see ``fullband.generation.generate`` for the arguments."""
-        try:  # inside try: the Hugging Face export ships this file without the fullband package
-            from fullband.generation import generate
-        except ImportError as exc:
-            raise ImportError("FullBandLM.generate needs the fullband package (pip install fullband)") from exc
-
-        return generate(self, input_ids, max_new_tokens, **kwargs)
-
-    def generate_stream(
-        self, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int, **kwargs: Any
-    ) -> Iterator[torch.Tensor]:
-        """Yield one (B,) tensor of new tokens per step; see ``fullband.generation.generate_stream``."""
-        try:
-            from fullband.generation import generate_stream
-        except ImportError as exc:
-            raise ImportError("FullBandLM.generate_stream needs the fullband package (pip install fullband)") from exc
-
-        return generate_stream(self, input_ids, max_new_tokens, **kwargs)
 
     # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
 

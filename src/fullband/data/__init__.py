@@ -1,8 +1,8 @@
 """Data: sources -> tokenizer -> prepared token shards -> deterministic, resumable batches."""
 
 from fullband.data.config import DataConfig
-from fullband.data.loader import Batch, TokenLoader
-from fullband.data.shards import PreparedDataset, TokenSplit, open_dataset, prepare_dataset
+from fullband.data.loader import TokenLoader
+from fullband.data.shards import Batch, PreparedDataset, TokenSplit, open_dataset, prepare_dataset
 from fullband.data.sources import synthetic_val_set
 from fullband.data.synthetic import SYNTHETIC_TASKS, Example, SyntheticTask, get_task, synthetic_examples
 from fullband.data.tokenizers import (

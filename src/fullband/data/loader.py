@@ -9,55 +9,10 @@ all ranks' rows is exactly what a single process would see: the world size can c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
-import torch
 
+from fullband.data.shards import Batch, TokenSplit, check_split_length, make_batch
 from fullband.errors import ConfigError, DataError
-
-if TYPE_CHECKING:
-    from fullband.data.shards import TokenSplit
-
-
-@dataclass
-class Batch:
-    """input_ids, targets: (B, T) int64; plain_mask: (B, T) bool, True where the model must use the
-    plain token embedding (position 0 and every document start, see SPEC §2-3)."""
-
-    input_ids: torch.Tensor
-    targets: torch.Tensor
-    plain_mask: torch.Tensor
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking)
-                       for t in (self.input_ids, self.targets, self.plain_mask)))
-
-
-def check_split_length(split: TokenSplit, seq_len: int) -> None:
-    if seq_len < 1:
-        raise ConfigError(f"seq_len={seq_len} must be at least 1.")
-    if len(split) < seq_len + 1:
-        raise DataError(
-            f"The {split.name} split has only {len(split)} tokens, but seq_len={seq_len} needs at least "
-            f"{seq_len + 1} (one window of seq_len + 1). Use a shorter seq_len or more data "
-            "(e.g. raise data.max_train_bytes, data.val_fraction or the number of synthetic examples)."
-        )
-
-
-def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
-    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i]."""
-    rows = np.stack([split.tokens(int(s), int(s) + seq_len + 1) for s in starts]) if len(starts) else \
-        np.zeros((0, seq_len + 1), dtype=np.int64)
-    plain = np.zeros((len(starts), seq_len), dtype=bool)
-    plain[:, 0] = True
-    ds = split.doc_starts
-    for i, s in enumerate(starts):
-        lo, hi = np.searchsorted(ds, [s, s + seq_len], side="left")
-        plain[i, ds[lo:hi] - s] = True
-    rows_t = torch.from_numpy(rows)
-    return Batch(rows_t[:, :-1].contiguous(), rows_t[:, 1:].contiguous(), torch.from_numpy(plain))
 
 
 class TokenLoader:
