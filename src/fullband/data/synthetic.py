@@ -13,8 +13,11 @@ byte-level context. Sizes can be changed per task, e.g. `synthetic:parity:max_le
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
 
 from fullband.errors import ConfigError
 
@@ -54,11 +57,13 @@ class SyntheticTask:
 
 @dataclass(frozen=True)
 class Parity(SyntheticTask):
-    """Running parity of a bit string: `parity 1011 : 1101` (the XOR of the bits so far, bit by bit)."""
+    """Running parity of a bit string: `parity 1011 : 1101` (the XOR of the bits so far, bit by bit).
+    With `trace=false` the answer is the final parity only (`parity 1011 : 1`)."""
 
     name = "parity"
     min_len: int = 8
     max_len: int = 64
+    trace: bool = True
 
     def generate(self, rng: random.Random) -> Example:
         bits = [rng.randint(0, 1) for _ in range(rng.randint(self.min_len, self.max_len))]
@@ -66,7 +71,8 @@ class Parity(SyntheticTask):
         for b in bits:
             acc ^= b
             running.append(acc)
-        return Example(f"parity {''.join(map(str, bits))} :", " " + "".join(map(str, running)))
+        answer = "".join(map(str, running)) if self.trace else str(acc)
+        return Example(f"parity {''.join(map(str, bits))} :", " " + answer)
 
 
 @dataclass(frozen=True)
@@ -76,26 +82,59 @@ class S5(SyntheticTask):
     A permutation is written in one-line notation (`20413` maps 0->2, 1->0, ...). The state starts at
     the identity and each step maps every entry x of the state to p[x]. With `trace` the answer lists
     the state after every step, then `=> final`.
+
+    With `generators=true` each step is one letter naming a generator of the group instead of a whole
+    permutation (`s5 adbe :`): a..d swap entries (0 1), (1 2), (2 3), (3 4) and e shifts every entry by
+    one (x -> x+1 mod 5). These generate all 120 elements, and one token per step is what a model that
+    carries the state from token to token needs; it is the word problem of Merrill et al. 2024.
     """
 
     name = "s5"
+    degree: ClassVar[int] = 5
     min_steps: int = 2
     max_steps: int = 16
     trace: bool = True
+    generators: bool = False
+
+    def group_generators(self) -> list[list[int]]:
+        """Adjacent transpositions, then the cycle x -> x+1 (one-line notation, degree entries each)."""
+        n, gens = self.degree, []
+        for i in range(n - 1):
+            p = list(range(n))
+            p[i], p[i + 1] = p[i + 1], p[i]
+            gens.append(p)
+        return gens + [[(x + 1) % n for x in range(n)]]
 
     def generate(self, rng: random.Random) -> Example:
-        perms = []
+        n, perms, names = self.degree, [], []
+        gens = self.group_generators()
         for _ in range(rng.randint(self.min_steps, self.max_steps)):
-            p = list(range(5))
-            rng.shuffle(p)
-            perms.append(p)
-        state, states = list(range(5)), []
+            if self.generators:
+                i = rng.randrange(len(gens))
+                perms.append(gens[i])
+                names.append("abcdefgh"[i])
+            else:
+                p = list(range(n))
+                rng.shuffle(p)
+                perms.append(p)
+                names.append("".join(map(str, p)))
+        state, states = list(range(n)), []
         for p in perms:
             state = [p[x] for x in state]
             states.append("".join(map(str, state)))
-        prompt = "s5 " + " ".join("".join(map(str, p)) for p in perms) + " :"
+        moves = "".join(names) if self.generators else " ".join(names)
+        prompt = f"{self.name} {moves} :"
         answer = " " + " ".join(states) + " => " + states[-1] if self.trace else " " + states[-1]
         return Example(prompt, answer)
+
+
+@dataclass(frozen=True)
+class S3(S5):
+    """The same word problem in S3 (6 elements, the smallest non-abelian group): `s3 201 120 : ...`,
+    or with `generators=true` letters a, b (swaps) and c (shift), e.g. `s3 acb :`."""
+
+    name = "s3"
+    degree: ClassVar[int] = 3
 
 
 @dataclass(frozen=True)
@@ -152,9 +191,97 @@ class Addition(SyntheticTask):
         return Example(f"add {a}+{b} :", " " + ", ".join(steps) + f" => {a + b}")
 
 
+def _state_answer(states: list[str], trace: bool) -> str:
+    """The answer of a state-tracking task: the final state, or with `trace` every state then `=> final`."""
+    return " " + " ".join(states) + " => " + states[-1] if trace else " " + states[-1]
+
+
+@dataclass(frozen=True)
+class SumMod(SyntheticTask):
+    """Running sum of digits modulo k: `summod 3104 : 3` (3+1+0+4 = 8 = 3 mod 5). Digits are 0..k-1.
+    With `trace` the answer lists the running sum after every digit, then `=> final`."""
+
+    name = "summod"
+    modulus: int = 5
+    min_len: int = 8
+    max_len: int = 32
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.modulus <= 10:
+            raise ConfigError(f"Synthetic task summod: modulus must be 2..10 (one digit per step), got {self.modulus}.")
+
+    def generate(self, rng: random.Random) -> Example:
+        digits = [rng.randrange(self.modulus) for _ in range(rng.randint(self.min_len, self.max_len))]
+        states, acc = [], 0
+        for d in digits:
+            acc = (acc + d) % self.modulus
+            states.append(str(acc))
+        return Example(f"summod {''.join(map(str, digits))} :", _state_answer(states, self.trace))
+
+
+@dataclass(frozen=True)
+class FlipFlop(SyntheticTask):
+    """Flip-flop (Liu et al. 2023) with the read at the end: `flipflop 1..0..... : 0`. Each step is a
+    write of a bit (`0`, `1`; probability `write_percent`%) or an ignore (`.`); the answer is the last
+    written bit. The first step is always a write, so the gap from the last write to the read can span
+    the whole sequence. With `trace` the answer lists the stored bit after every step, then `=> final`."""
+
+    name = "flipflop"
+    write_percent: int = 10
+    min_len: int = 8
+    max_len: int = 32
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.write_percent <= 100:
+            raise ConfigError(f"Synthetic task flipflop: write_percent must be 1..100, got {self.write_percent}.")
+
+    def generate(self, rng: random.Random) -> Example:
+        steps, states, bit = [], [], ""
+        for i in range(rng.randint(self.min_len, self.max_len)):
+            if i == 0 or rng.random() < self.write_percent / 100:
+                bit = str(rng.randint(0, 1))
+                steps.append(bit)
+            else:
+                steps.append(".")
+            states.append(bit)
+        return Example(f"flipflop {''.join(steps)} :", _state_answer(states, self.trace))
+
+
+@dataclass(frozen=True)
+class Cycle(SyntheticTask):
+    """Cycle navigation (Delétang et al. 2023): start at 0 on a cycle of `size` positions; each step is
+    `+` (one forward), `-` (one back) or `=` (stay); the answer is the final position: `cycle ++-+= : 2`.
+    With `trace` the answer lists the position after every step, then `=> final`."""
+
+    name = "cycle"
+    size: int = 5
+    min_len: int = 8
+    max_len: int = 32
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.size <= 10:
+            raise ConfigError(f"Synthetic task cycle: size must be 2..10 (one digit per position), got {self.size}.")
+
+    def generate(self, rng: random.Random) -> Example:
+        steps = [rng.choice("+-=") for _ in range(rng.randint(self.min_len, self.max_len))]
+        states, pos = [], 0
+        for step in steps:
+            pos = (pos + {"+": 1, "-": -1, "=": 0}[step]) % self.size
+            states.append(str(pos))
+        return Example(f"cycle {''.join(steps)} :", _state_answer(states, self.trace))
+
+
 SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
-    t.name: t for t in (Parity(), S5(), Registers(), Addition())
+    t.name: t for t in (Parity(), S5(), S3(), Registers(), Addition(), SumMod(), FlipFlop(), Cycle())
 }
+
+# The tasks whose answer is a running state after a sequence of moves (each takes `trace=false` for the
+# final-answer-only format), and the field that sets their length in moves.
+STATE_TRACKING_TASKS = {"parity": "len", "summod": "len", "flipflop": "len", "cycle": "len", "s3": "steps",
+                        "s5": "steps"}
 
 
 def get_task(spec: str) -> SyntheticTask:
@@ -201,3 +328,26 @@ def synthetic_examples(task: str | SyntheticTask, n: int, seed: int) -> list[Exa
     task = get_task(task) if isinstance(task, str) else task
     rng = random.Random(seed)
     return [task.generate(rng) for _ in range(n)]
+
+
+def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool = False) -> SyntheticTask:
+    """A state-tracking task with one token per move (S3/S5 as generator words) and `min_moves..max_moves`
+    moves, in the final-answer-only format unless `trace`."""
+    if name not in STATE_TRACKING_TASKS:
+        raise ConfigError(f"{name!r} is not a state-tracking task; choose one of {', '.join(STATE_TRACKING_TASKS)}.")
+    field = STATE_TRACKING_TASKS[name]
+    options = f"min_{field}={min_moves},max_{field}={max_moves},trace={str(trace).lower()}"
+    if name in ("s3", "s5"):
+        options += ",generators=true"
+    return get_task(f"{name}:{options}")
+
+
+def export_jsonl(task: str | SyntheticTask, path: str | Path, n: int, seed: int) -> Path:
+    """Write `n` examples as `{"prompt": ..., "answer": ...}` lines (the record format `fullband train`
+    reads from .jsonl sources). Same task and seed, same file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for ex in synthetic_examples(task, n, seed):
+            f.write(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n")
+    return path
