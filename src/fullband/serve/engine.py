@@ -1,0 +1,393 @@
+"""Continuous batching for the server: one scheduler owns the model and steps every active sequence together.
+
+Layout (no change to the model is needed): all rows of the running batch share one KV-cache write
+position, like ``generate``'s left padding. A joining request is prefilled alone (``model.prefill``:
+plain, or plain plus n fused passes), and its keys and values are copied into the batch cache
+right-aligned at the current write position; the columns before them are masked for that row through
+``KVCache.key_mask``, and its RoPE positions continue from its own length. Each row therefore sees
+exactly its own tokens, contiguous and ending at the query, so sliding windows stay exact too.
+Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state:
+all three modes share one batch. Finished or cancelled rows leave at once; columns that have become
+padding for every row are dropped (compaction) when the write position reaches the end of the cache.
+
+Sampling is per row with the row's own ``torch.Generator``, so a seeded request gives the same tokens
+whatever it is batched with (up to floating-point differences in the logits between batch shapes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from fullband.generation import MODES, sample_next
+from fullband.model import FullBandLM, KVCache
+
+log = logging.getLogger("fullband.serve")
+
+MAX_TOP_LOGPROBS = 20
+
+
+class QueueFull(RuntimeError):
+    """The server already holds ``max_batch`` running and ``max_queue`` waiting sequences."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int
+    mode: str = "soft"
+    fused_passes: int = 1
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float | None = None
+    seed: int | None = None
+    logprobs: int | None = None  # None: no log-probabilities; k >= 0: the chosen token's and the top k
+    stop_token_ids: tuple[int, ...] = ()  # end the sequence (finish_reason "stop"); not part of the text
+
+
+@dataclass
+class Event:
+    """One generated token (``token`` set), or the end of a sequence that failed (``error`` set).
+    ``finish_reason`` ("stop" / "length") is set on a sequence's last token."""
+
+    token: int | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    finish_reason: str | None = None
+    is_stop_token: bool = False
+    error: str | None = None
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence to generate; ``sink`` receives its events on the scheduler thread."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Callable[[Event], None]
+    id: int = field(default_factory=lambda: next(_ids))
+    generated: int = 0
+    cancelled: bool = False
+    finished: bool = False
+    generator: torch.Generator | None = None
+
+
+def check_request(model: FullBandLM, prompt_ids: list[int], params: SamplingParams) -> None:
+    """Raise ValueError (message names the API parameter) if the request cannot be served."""
+    if params.mode not in MODES:
+        raise ValueError(f"unknown decode_mode {params.mode!r}; choose one of {', '.join(MODES)}")
+    if not isinstance(params.fused_passes, int) or params.fused_passes < 1:
+        raise ValueError(f"fused_passes must be a positive integer, got {params.fused_passes!r}")
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+    if not params.temperature >= 0:  # also rejects NaN
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
+    if params.top_p is not None and not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"the number of top log-probabilities must be in [0, {MAX_TOP_LOGPROBS}], "
+                         f"got {params.logprobs}")
+    if not prompt_ids:
+        raise ValueError("the prompt is empty: it needs at least one token")
+    vocab = model.config.vocab_size
+    bad = [i for i in prompt_ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
+    total = len(prompt_ids) + params.max_tokens
+    if total > model.config.max_seq_len:
+        raise ValueError(
+            f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) = {total} exceeds the "
+            f"model's context length {model.config.max_seq_len}; shorten the prompt or lower max_tokens"
+        )
+
+
+class Engine:
+    """The scheduler. ``start()`` runs it on a background thread; ``step()`` runs one iteration (tests)."""
+
+    def __init__(self, model: FullBandLM, max_batch: int = 16, max_queue: int = 256):
+        if max_batch < 1 or max_queue < 0:
+            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
+        self.model = model.eval()
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.device = model.device
+        self.dtype = model.embed.weight.dtype
+        self._cond = threading.Condition()
+        self._waiting: deque[Sequence] = deque()
+        self._rows: list[Sequence] = []
+        self._cache: KVCache | None = None
+        # Per-row tensors of the running batch, in the order of self._rows.
+        self._logits = self._state = self._positions = self._plain = None
+        self._n_standard = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0}
+
+    # ---- interface (any thread) -----------------------------------------------------------------
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queue sequences (all or none); raise QueueFull when there is no room for all of them."""
+        for seq in sequences:
+            check_request(self.model, seq.prompt_ids, seq.params)
+        with self._cond:
+            free = self.max_batch + self.max_queue - len(self._rows) - len(self._waiting)
+            if len(sequences) > free:
+                raise QueueFull(
+                    f"the server is busy: {len(self._rows)} sequences running and {len(self._waiting)} waiting "
+                    f"(max_batch {self.max_batch}, max_queue {self.max_queue}); retry later"
+                )
+            self._waiting.extend(sequences)
+            self._cond.notify()
+
+    def cancel(self, seq: Sequence) -> None:
+        """Stop a sequence (its client went away or has what it needs); its slot frees at the next step."""
+        with self._cond:
+            if seq.finished:
+                return
+            seq.cancelled = True
+            self._cond.notify()
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {"running": len(self._rows), "waiting": len(self._waiting), "max_batch": self.max_batch,
+                    "max_queue": self.max_queue, **self.counters}
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="fullband-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # ---- the scheduler --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._rows and not self._waiting:
+                    self._cond.wait()
+                if self._stopping:
+                    break
+            try:
+                self.step()
+            except Exception as exc:  # never let one bad step kill the server: fail the batch, go on
+                log.exception("scheduler step failed")
+                self._fail_all(f"internal error while generating: {exc}")
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Admit waiting sequences, sample one token for every row, drop finished rows, run the forward."""
+        self._drop_cancelled_waiting()
+        self._admit()
+        if not self._rows:
+            return
+        tokens = self._sample()
+        keep = self._emit(tokens)
+        if len(keep) < len(self._rows):
+            self._remove_rows(keep)
+            if not self._rows:
+                return
+            tokens = tokens[torch.tensor(keep, device=self.device)]
+        self._forward(tokens)
+
+    def _drop_cancelled_waiting(self) -> None:
+        with self._cond:
+            for seq in [s for s in self._waiting if s.cancelled]:
+                self._waiting.remove(seq)
+                seq.finished = True
+                self.counters["cancelled"] += 1
+
+    def _admit(self) -> None:
+        while True:
+            with self._cond:
+                if not self._waiting or len(self._rows) >= self.max_batch:
+                    return
+                seq = self._waiting.popleft()
+            try:
+                self._prefill_and_join(seq)
+            except Exception as exc:  # a request that fails alone must not take the batch down
+                log.exception("prefill failed")
+                seq.finished = True
+                self.counters["failed"] += 1
+                seq.sink(Event(error=f"internal error while reading the prompt: {exc}"))
+
+    def _prefill_and_join(self, seq: Sequence) -> None:
+        p = seq.params
+        seq.generator = torch.Generator(device=self.device)
+        if p.seed is None:
+            seq.generator.seed()
+        else:
+            seq.generator.manual_seed(p.seed)
+        n = len(seq.prompt_ids)
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
+        own = KVCache(self.model.config, 1, n, self.device, self.dtype)
+        out = self.model.prefill(ids, p.fused_passes if p.mode == "fused" else 0, past_key_values=own,
+                                 use_cache=True, logits_to_keep=1)
+        standard = p.mode == "standard"
+        row = dict(
+            logits=out.logits[:, -1],
+            state=out.hidden[:, -1:],
+            positions=torch.full((1, 1), n, dtype=torch.long, device=self.device),
+            plain=torch.full((1, 1), standard, dtype=torch.bool, device=self.device),
+        )
+        if self._cache is None:
+            self._new_cache(capacity=2 * n)
+        cache = self._cache
+        if cache.length < n:  # make room on the left: the whole prompt must end at the write position
+            self._pad_left(n - cache.length)
+        width = cache.length
+        k = [t.new_zeros(1, *t.shape[1:]) for t in cache.k]
+        v = [t.new_zeros(1, *t.shape[1:]) for t in cache.v]
+        for layer in range(len(k)):
+            k[layer][:, :, width - n : width] = own.k[layer]
+            v[layer][:, :, width - n : width] = own.v[layer]
+        mask = torch.zeros(1, cache.max_len, dtype=torch.bool, device=self.device)
+        mask[:, width - n : width] = True
+        cache.k = [torch.cat([a, b]) for a, b in zip(cache.k, k)]
+        cache.v = [torch.cat([a, b]) for a, b in zip(cache.v, v)]
+        cache.key_mask = torch.cat([cache.key_mask, mask])
+        for name, value in row.items():
+            current = getattr(self, f"_{name}")
+            setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
+        self._rows.append(seq)
+        self._n_standard += standard
+
+    def _new_cache(self, capacity: int) -> None:
+        cache = KVCache(self.model.config, 0, capacity, self.device, self.dtype)
+        cache.key_mask = torch.zeros(0, capacity, dtype=torch.bool, device=self.device)
+        cache.has_padding = True  # rows start at different columns: the key mask is always needed
+        self._cache = cache
+
+    def _resize(self, columns: torch.Tensor | None, capacity: int, offset: int = 0) -> None:
+        """Rebuild the cache with ``capacity`` columns, holding old ``columns`` (all written ones if None)
+        from column ``offset`` on; the write position follows."""
+        cache = self._cache
+        if columns is None:
+            columns = torch.arange(cache.length, device=self.device)
+        kept = len(columns)
+
+        def moved(t: torch.Tensor) -> torch.Tensor:
+            new = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
+            new[:, :, offset : offset + kept] = t.index_select(2, columns)
+            return new
+
+        cache.k = [moved(t) for t in cache.k]
+        cache.v = [moved(t) for t in cache.v]
+        mask = cache.key_mask.new_zeros(cache.key_mask.shape[0], capacity)
+        mask[:, offset : offset + kept] = cache.key_mask.index_select(1, columns)
+        cache.key_mask = mask
+        cache.max_len = capacity
+        cache.length = offset + kept
+
+    def _pad_left(self, extra: int) -> None:
+        cache = self._cache
+        self._resize(None, max(cache.max_len, 2 * (cache.length + extra)), offset=extra)
+
+    def _ensure_room(self) -> None:
+        """Before a decode step: one free column at the write position. When the cache is full, drop the
+        columns that are padding for every row; grow when that leaves less than half the cache free, so a
+        compaction (a copy of the cache) happens at most once per as many steps as the cache holds rows."""
+        cache = self._cache
+        if cache.length < cache.max_len:
+            return
+        used = cache.key_mask[:, : cache.length].any(dim=0).nonzero().squeeze(1)
+        capacity = cache.max_len if 2 * len(used) < cache.max_len else 2 * (len(used) + 1)
+        self._resize(used, capacity)
+        self.counters["compactions"] += 1
+
+    def _sample(self) -> torch.Tensor:
+        rows = self._rows
+        tokens = self._logits.argmax(dim=-1)
+        for i, seq in enumerate(rows):
+            p = seq.params
+            if p.temperature > 0:
+                tokens[i] = sample_next(self._logits[i : i + 1], p.temperature, None, p.top_p, seq.generator)[0]
+        return tokens
+
+    def _emit(self, tokens: torch.Tensor) -> list[int]:
+        """Send each row its token; return the indices of the rows that continue."""
+        token_list = tokens.tolist()
+        want_logprobs = [i for i, s in enumerate(self._rows) if s.params.logprobs is not None]
+        logprobs = None
+        if want_logprobs:
+            chosen = self._logits[want_logprobs]
+            logprobs = chosen.to(torch.promote_types(chosen.dtype, torch.float32)).log_softmax(dim=-1)
+        keep = []
+        for i, (seq, token) in enumerate(zip(self._rows, token_list)):
+            if seq.cancelled:
+                self._finish(seq, "cancelled")
+                continue
+            seq.generated += 1
+            self.counters["generated_tokens"] += 1
+            event = Event(token=token)
+            if seq.params.logprobs is not None:
+                row = logprobs[want_logprobs.index(i)]
+                event.logprob = float(row[token])
+                if seq.params.logprobs > 0:
+                    top = row.topk(seq.params.logprobs)
+                    event.top_logprobs = list(zip(top.indices.tolist(), top.values.tolist()))
+            if token in seq.params.stop_token_ids:
+                event.finish_reason, event.is_stop_token = "stop", True
+            elif seq.generated >= seq.params.max_tokens:
+                event.finish_reason = "length"
+            seq.sink(event)
+            if event.finish_reason is not None:
+                self._finish(seq, "completed")
+            else:
+                keep.append(i)
+        return keep
+
+    def _finish(self, seq: Sequence, counter: str) -> None:
+        with self._cond:
+            seq.finished = True
+            self.counters[counter] += 1
+
+    def _remove_rows(self, keep: list[int]) -> None:
+        removed = [s for i, s in enumerate(self._rows) if i not in set(keep)]
+        self._n_standard -= sum(s.params.mode == "standard" for s in removed)
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache = None
+            self._logits = self._state = self._positions = self._plain = None
+            return
+        index = torch.tensor(keep, device=self.device)
+        self._cache.select_rows(index)
+        for name in ("_logits", "_state", "_positions", "_plain"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+
+    def _forward(self, tokens: torch.Tensor) -> None:
+        self._ensure_room()
+        cache = self._cache
+        cache.key_mask[:, cache.length] = True  # the column this step writes is every row's own token
+        all_standard = self._n_standard == len(self._rows)
+        out = self.model(
+            tokens.unsqueeze(1),
+            feedback=None if all_standard else self._state,
+            plain_mask=self._plain if 0 < self._n_standard < len(self._rows) else None,
+            position_ids=self._positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        self._logits, self._state = out.logits[:, -1], out.hidden
+        self._positions = self._positions + 1
+
+    def _fail_all(self, message: str) -> None:
+        rows, self._rows = self._rows, []
+        self._cache = None
+        self._logits = self._state = self._positions = self._plain = None
+        self._n_standard = 0
+        for seq in rows:
+            self._finish(seq, "failed")
+            seq.sink(Event(error=message))
