@@ -16,6 +16,7 @@ from typing import Any
 from fullband.config import SECTIONS, RunConfig, field_help, load_config
 from fullband.errors import FullbandError
 from fullband.loading import PRESET_DIR, default_data_dir, default_device, encode_prompt, load_model, preset_path
+from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 
 def _type_name(annotation: Any) -> str:
@@ -97,15 +98,32 @@ def cmd_eval(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
 
 
+def fused_passes_arg(text: str) -> int | str:
+    """argparse type of --fused-passes: a non-negative integer or 'auto'."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'auto', got {text!r}")
+    return value
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from fullband.generation import generate_stream
 
     model, tokenizer = load_model(args.checkpoint, args.device)
     prompt = encode_prompt(tokenizer, args.prompt)
+    stats: dict[str, Any] = {}
     kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed)
+                  top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed, fused_tol=args.fused_tol,
+                  fused_max_passes=args.fused_max_passes, stats=stats)
     stream = generate_stream(model, [prompt], args.max_new_tokens, **kwargs)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
+    if args.mode == "fused" and args.fused_passes == "auto" and stats:
+        print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes", file=sys.stderr)
     sys.stdout.write(args.prompt)
     produced: list[int] = []
     shown = ""
@@ -186,7 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--mode", default="soft", choices=["standard", "soft", "fused"], help="decode mode (default: soft)")
-    p.add_argument("--fused-passes", type=int, default=1, help="extra fused prefill passes in fused mode (default: 1)")
+    p.add_argument("--fused-passes", type=fused_passes_arg, default=1, metavar="N|auto",
+                   help="extra fused prefill passes in fused mode, or 'auto': until the prompt's states change by "
+                   "at most --fused-tol, at most --fused-max-passes (default: 1)")
+    p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
+                   help=f"--fused-passes auto: largest relative state change to stop at (default: {DEFAULT_FUSED_TOL})")
+    p.add_argument("--fused-max-passes", type=int, default=DEFAULT_FUSED_MAX_PASSES,
+                   help=f"--fused-passes auto: at most this many passes (default: {DEFAULT_FUSED_MAX_PASSES})")
     p.add_argument("--max-new-tokens", type=int, default=200, help="default: 200")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")

@@ -4,7 +4,9 @@
 - ``soft``: plain prefill; every generated token is fused with the previous position's top state
   (the first one with the prompt's last top state).
 - ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training); the KV
-  cache of the last pass is kept; then decode as in soft.
+  cache of the last pass is kept; then decode as in soft. ``fused_passes="auto"`` iterates per row until
+  the prompt's top states change by at most ``fused_tol`` (relative) in a pass, or ``fused_max_passes``
+  (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran.
 
 Batches of prompts with different lengths are **left-padded**: every row then shares one cache write
 position, padding keys are masked, and RoPE positions count real tokens only, so a row's result does
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fullband.model import FullBandLM, KVCache
+from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM, KVCache, segment_positions
 
 MODES = ("standard", "soft", "fused")
 
@@ -92,8 +94,8 @@ def _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top
     config = model.config
     if mode not in MODES:
         raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode == "fused" and fused_passes < 1:
-        raise ValueError(f"fused_passes must be >= 1 in fused mode, got {fused_passes}")
+    if mode == "fused" and fused_passes != "auto" and (not isinstance(fused_passes, int) or fused_passes < 1):
+        raise ValueError(f"fused_passes must be an integer >= 1 or 'auto' in fused mode, got {fused_passes!r}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
@@ -122,16 +124,22 @@ def generate_stream(
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     mode: str = "standard",
-    fused_passes: int = 1,
+    fused_passes: int | str = 1,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,
     seed: int | None = None,
+    fused_tol: float = DEFAULT_FUSED_TOL,
+    fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+    stats: dict[str, Any] | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield a (B,) tensor of new token ids per step. Rows that produced ``eos_token_id`` keep
-    yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps."""
+    yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps.
+    ``fused_passes`` is an integer or "auto" (adaptive, with ``fused_tol`` and ``fused_max_passes``).
+    ``stats``, a dict, receives ``"fused_passes"``: the fused prefill passes each row ran (a list of B
+    ints, 0 outside fused mode) once the prefill is done."""
     ids, mask = left_pad(input_ids, attention_mask)
     ids, mask = ids.to(model.device), mask.to(model.device)
     _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p)
@@ -152,7 +160,11 @@ def generate_stream(
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
+        fused_tol=fused_tol,
+        fused_max_passes=fused_max_passes,
     )
+    if stats is not None:
+        stats["fused_passes"] = out.passes.tolist()
 
     next_position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=model.device)
@@ -184,8 +196,9 @@ def generate(
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments
-    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes,
-    temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask, seed."""
+    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes (int or "auto"),
+    fused_tol, fused_max_passes, temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask,
+    seed, stats."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
@@ -195,20 +208,33 @@ def generate(
 
 @torch.no_grad()
 def sequential_forward(
-    model: FullBandLM, input_ids: torch.Tensor, plain_mask: torch.Tensor | None = None
+    model: FullBandLM,
+    input_ids: torch.Tensor,
+    plain_mask: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact recurrence of SPEC §2 over a given sequence (teacher forcing), one token at a time
     with the KV cache: position t is fused with h_{t-1} unless it is position 0 or in ``plain_mask``.
+    ``segment_ids``: packed documents that do not see each other (as in ``FullBandLM.forward``); the
+    caller marks their first positions plain.
 
     Returns (logits (B, T, V), hidden (B, T, D)). This is the limit that K >= T passes converge to.
     """
     B, T = input_ids.shape
     cache = KVCache(model.config, B, T, model.device, model.embed.weight.dtype)
+    positions = None if segment_ids is None else segment_positions(segment_ids)
     logits, hidden = [], []
     state = None
     for t in range(T):
         plain = None if plain_mask is None else plain_mask[:, t : t + 1]
-        out = model(input_ids[:, t : t + 1], feedback=state, plain_mask=plain, past_key_values=cache, use_cache=True)
+        kwargs = {}
+        if segment_ids is not None:
+            # The one query of this step sees exactly the cached keys of its own document.
+            cache.key_mask[:, : t + 1] = segment_ids[:, : t + 1] == segment_ids[:, t : t + 1]
+            cache.has_padding = True
+            kwargs["position_ids"] = positions[:, t : t + 1]
+        out = model(input_ids[:, t : t + 1], feedback=state, plain_mask=plain, past_key_values=cache, use_cache=True,
+                    **kwargs)
         logits.append(out.logits)
         hidden.append(out.hidden)
         state = out.hidden

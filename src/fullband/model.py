@@ -26,6 +26,10 @@ FUSIONS = ("gate", "concat", "add")
 FEEDBACK_SOURCES = ("final_norm", "residual")
 ROPE_TYPES = ("default", "linear", "llama3")
 CONFIG_NAME = "config.json"
+# Adaptive fused prefill (prefill(fused_passes="auto")): stop when no real prompt position's top state
+# moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
+DEFAULT_FUSED_TOL = 1e-3
+DEFAULT_FUSED_MAX_PASSES = 8
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -319,6 +323,7 @@ class ModelOutput:
     logits: torch.Tensor  # (B, T, V)
     hidden: torch.Tensor  # (B, T, D): the state that would be fed back, per config.feedback_source
     past_key_values: KVCache | None = None
+    passes: torch.Tensor | None = None  # prefill only: (B,) fused passes each row ran (fixed n or adaptive)
 
 
 @dataclass
@@ -390,6 +395,7 @@ class FullBandLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        segment_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
         """One pass of the stack.
 
@@ -398,10 +404,15 @@ class FullBandLM(nn.Module):
         with feedback. attention_mask: (B, T) (or (B, cache length + T) with a cache), 1 = real token,
         0 = padding that no query may attend to. position_ids: (B, T) RoPE positions; by default
         the cache length + arange(T). logits_to_keep: compute logits for the last n positions only
-        (0 = all), e.g. for a prefill that needs only the next-token distribution.
+        (0 = all), e.g. for a prefill that needs only the next-token distribution. segment_ids: (B, T),
+        packed documents as runs of equal ids that do not attend to each other (a block-diagonal causal
+        mask); positions restart at 0 in each run, so a packed document computes what it would alone.
         """
         B, T = input_ids.shape
         cache = past_key_values
+        if segment_ids is not None and (past_key_values is not None or use_cache):
+            raise ValueError("segment_ids (packed, isolated documents) is for training and scoring; it cannot "
+                             "be combined with a KV cache")
         if use_cache and cache is None:
             cache = KVCache(self.config, B, self.config.max_seq_len, self.device, self.embed.weight.dtype)
         start = cache.length if cache is not None else 0
@@ -411,13 +422,15 @@ class FullBandLM(nn.Module):
             fused = self.fusion(x, feedback.to(x.dtype))
             x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
 
+        if position_ids is None and segment_ids is not None:
+            position_ids = segment_positions(segment_ids)
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
         angles = position_ids.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hd)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
-        masks = self._attention_masks(B, T, start, attention_mask, cache)
+        masks = self._attention_masks(B, T, start, attention_mask, cache, segment_ids)
         for block in self.layers:
             x = block(x, cos, sin, masks, cache)
         if cache is not None:
@@ -432,16 +445,32 @@ class FullBandLM(nn.Module):
     def prefill(
         self,
         input_ids: torch.Tensor,
-        fused_passes: int = 0,
+        fused_passes: int | str = 0,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         past_key_values: KVCache | None = None,
         use_cache: bool = False,
         logits_to_keep: int = 0,
+        fused_tol: float = DEFAULT_FUSED_TOL,
+        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
     ) -> ModelOutput:
         """The prompt pass of SPEC §4: one plain pass, then ``fused_passes`` fused passes (fused(n) mode),
         each fusing the previous pass's states shifted by one position. Padding and each row's first
-        real token stay plain. With a cache, it ends up holding the last pass's keys and values."""
+        real token stay plain. With a cache, it ends up holding the last pass's keys and values.
+
+        ``fused_passes="auto"`` (adaptive fused prefill): each row runs fused passes until the largest
+        relative change max_t ||h_t^(k) - h_t^(k-1)|| / ||h_t^(k-1)|| over its real positions is at most
+        ``fused_tol``, or ``fused_max_passes`` passes have run; the row's result is then exactly fused(k*)
+        for its own k*. The rule is per row, so a row's k* and output do not depend on its batch. After
+        T - 1 fused passes a T-token prompt is at the exact recurrence's fixed point, so ``fused_tol=0``
+        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.passes`` holds k* per row."""
+        adaptive = fused_passes == "auto"
+        if not adaptive and (not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 0):
+            raise ValueError(f"fused_passes must be a non-negative integer or 'auto', got {fused_passes!r}")
+        if adaptive and (not isinstance(fused_max_passes, int) or fused_max_passes < 1):
+            raise ValueError(f"fused_max_passes must be a positive integer, got {fused_max_passes!r}")
+        if adaptive and not fused_tol >= 0:
+            raise ValueError(f"fused_tol must be >= 0, got {fused_tol!r}")
         B, T = input_ids.shape
         if position_ids is None and attention_mask is not None:
             position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
@@ -449,7 +478,9 @@ class FullBandLM(nn.Module):
                       use_cache=use_cache, logits_to_keep=logits_to_keep)
         start = past_key_values.length if past_key_values is not None else 0
         out = self(input_ids, **kwargs)
-        if fused_passes == 0:
+        n_passes = fused_max_passes if adaptive else fused_passes
+        if n_passes == 0:
+            out.passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
             return out
         plain = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
         plain[:, 0] = True
@@ -457,13 +488,31 @@ class FullBandLM(nn.Module):
             plain |= position_ids == 0
         if attention_mask is not None:
             plain |= ~attention_mask.to(torch.bool)
-        for _ in range(fused_passes):
+        real = None if attention_mask is None else attention_mask.to(torch.bool)
+        passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
+        done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        feedback = shift_right(out.hidden)
+        for _ in range(n_passes):
             if past_key_values is not None:
                 past_key_values.length = start  # the next pass overwrites this pass's keys and values
-            out = self(input_ids, feedback=shift_right(out.hidden), plain_mask=plain, **kwargs)
+            new = self(input_ids, feedback=feedback, plain_mask=plain, **kwargs)
+            passes += ~done
+            if adaptive:
+                done |= max_relative_change(new.hidden, out.hidden, real) <= fused_tol
+                # A finished row keeps the feedback that produced its result: rerunning it reproduces
+                # fused(k*) exactly (hidden states, logits and cache rows) while other rows go on.
+                feedback = torch.where(done[:, None, None], feedback, shift_right(new.hidden))
+            else:
+                feedback = shift_right(new.hidden)
+            out = new
+            if adaptive and bool(done.all()):  # one device sync per pass, only in adaptive mode
+                break
+        out.passes = passes
         return out
 
-    def _attention_masks(self, B, T, start, attention_mask, cache) -> dict[int | None, torch.Tensor | None]:
+    def _attention_masks(
+        self, B, T, start, attention_mask, cache, segment_ids=None
+    ) -> dict[int | None, torch.Tensor | None]:
         """Boolean SDPA masks (True = may attend) keyed by window size (None = full attention).
 
         A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
@@ -488,7 +537,7 @@ class FullBandLM(nn.Module):
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in self._windows:
             need_window = window is not None and n_keys > window
-            if key_mask is None and not need_window and (start == 0 or T == 1):
+            if key_mask is None and segment_ids is None and not need_window and (start == 0 or T == 1):
                 masks[window] = None  # causal (T > 1, no cache offset) or a single query seeing all keys
                 continue
             q_pos = torch.arange(start, start + T, device=device).unsqueeze(1)
@@ -497,6 +546,9 @@ class FullBandLM(nn.Module):
             if need_window:
                 allowed = allowed & (k_pos > q_pos - window)
             allowed = allowed.expand(B, T, n_keys)
+            if segment_ids is not None:  # no cache here, so keys and queries are the same T positions
+                segments = segment_ids.to(device)
+                allowed = allowed & (segments.unsqueeze(2) == segments.unsqueeze(1))
             if key_mask is not None:
                 # A query always sees itself, so a padding row never has all keys masked (NaN in SDPA).
                 allowed = (allowed & key_mask.unsqueeze(1)) | (k_pos == q_pos)
@@ -523,6 +575,8 @@ class FullBandLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         backward_scale: float | None = None,
         keep_logits: bool = True,
+        segment_ids: torch.Tensor | None = None,
+        grad_passes: int | None = None,
     ) -> MultipassOutput:
         """K passes over the whole sequence, all positions in parallel.
 
@@ -537,9 +591,16 @@ class FullBandLM(nn.Module):
         backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
         graph, so detaching saves memory; the returned loss is then detached. ``keep_logits=False``
         returns no logits (``out.logits`` is empty), so (B, T, V) tensors are not held across passes.
+        ``segment_ids`` (B, T): packed documents isolated from each other (see ``forward``); the first
+        position of each run is plain. A loss over no valid label (all ``ignore_index``) is 0, not NaN.
+        ``grad_passes`` = g: only the last g passes build a graph (T2MLR-style); the first K - g run under
+        no_grad, so K can reach the sequence length (the exact recurrence) at the memory of g passes.
+        Their loss terms still count in ``loss`` and ``pass_losses`` but carry no gradient.
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
+        if grad_passes is not None and grad_passes < 1:
+            raise ValueError(f"grad_passes must be None (all passes) or >= 1, got {grad_passes}")
         if backward_scale is not None and (labels is None or not detach):
             raise ValueError("backward_scale needs labels and detach=True (without detach, passes share one graph)")
         B, T = input_ids.shape
@@ -552,6 +613,8 @@ class FullBandLM(nn.Module):
             plain |= plain_mask.to(device=device, dtype=torch.bool)
         if bos_token_id is not None:
             plain |= input_ids == bos_token_id
+        if segment_ids is not None:
+            plain[:, 1:] |= segment_ids[:, 1:] != segment_ids[:, :-1]
         if prefix_mixin > 0 and passes > 1:
             max_prefix = max(1, math.ceil(prefix_mixin * T))
             p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
@@ -561,22 +624,30 @@ class FullBandLM(nn.Module):
         feedback = None
         terms = []
         for k in range(passes):
-            step = self(
-                input_ids,
-                feedback=feedback,
-                plain_mask=plain if k > 0 else None,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-            )
+            with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
+            with torch.set_grad_enabled(with_grad):
+                step = self(
+                    input_ids,
+                    feedback=feedback,
+                    plain_mask=plain if k > 0 else None,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    segment_ids=segment_ids,
+                )
             logits, hidden = step.logits, step.hidden
             if labels is not None:
                 # Eq. 12 as a sum of per-pass terms: L1 + λ/(K-1)·(L2 + ... + LK), z-loss averaged over passes.
-                pass_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index)
+                # Mean over valid labels, written as sum / count so that a batch whose targets are all
+                # masked (e.g. a window inside a long user turn) contributes 0 instead of NaN.
+                valid = (labels != ignore_index).flatten()
+                count = valid.sum().clamp_min(1)
+                pass_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
+                                            reduction="sum") / count
                 term = pass_loss * (1.0 if k == 0 else later_pass_weight / (passes - 1))
                 if z_loss > 0:
-                    valid = (labels != ignore_index).flatten()
-                    term = term + z_loss / passes * logits.flatten(0, 1).float().logsumexp(-1)[valid].pow(2).mean()
-                if backward_scale is not None:
+                    lse = logits.flatten(0, 1).float().logsumexp(-1)
+                    term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count
+                if backward_scale is not None and term.requires_grad:
                     # With detached states, pass k's graph is not needed after its own loss term:
                     # backpropagate and free it now, so memory holds one pass instead of K.
                     (backward_scale * term).backward()
@@ -606,6 +677,7 @@ class FullBandLM(nn.Module):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         tmp = directory / (WEIGHTS_NAME + ".tmp")
         save_file(state, str(tmp), metadata={"format": "pt", "library": "fullband"})
+        os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
         os.replace(tmp, directory / WEIGHTS_NAME)
         self.config.save(directory / CONFIG_NAME)
 
@@ -648,6 +720,41 @@ def uniform(
     return torch.rand(shape, generator=generator, device=device, dtype=dtype)
 
 
+def max_relative_change(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) max over positions t (where ``mask``, (B, T) bool, is True) of ||new_t - old_t|| / ||old_t||."""
+    change = (new - old).float().norm(dim=-1) / old.float().norm(dim=-1).clamp_min(1e-12)
+    if mask is not None:
+        change = change.masked_fill(~mask, 0.0)
+    return change.amax(dim=-1)
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, T) position of each token within its run of equal segment ids (0 at each run's start)."""
+    T = segment_ids.shape[1]
+    index = torch.arange(T, device=segment_ids.device).expand_as(segment_ids)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return index - torch.cummax(torch.where(starts, index, 0), dim=1).values
+
+
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
+
+
+def ordinary_file_mode() -> int:
+    """The mode a newly created ordinary file gets under this process's umask: 0o666 & ~umask.
+
+    safetensors writes weights through a private temporary file (mode 0600) that it renames into place,
+    so weight files are chmod-ed to this, or colleagues in the same group could not read a model.
+    """
+    try:  # Linux reports the umask without changing it; os.umask can only read it by setting it
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # briefly a strict umask, so a file another thread creates meanwhile stays private
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -4,6 +4,16 @@
 in an exported directory; here that resolves to the package's own model code (the same classes).
 """
 
-from fullband.model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq, shift_right
+from fullband.model import (
+    DEFAULT_FUSED_MAX_PASSES,
+    DEFAULT_FUSED_TOL,
+    FullBandConfig,
+    FullBandLM,
+    KVCache,
+    RMSNorm,
+    rope_inv_freq,
+    shift_right,
+)
 
-__all__ = ["FullBandConfig", "FullBandLM", "KVCache", "RMSNorm", "rope_inv_freq", "shift_right"]
+__all__ = ["DEFAULT_FUSED_MAX_PASSES", "DEFAULT_FUSED_TOL", "FullBandConfig", "FullBandLM", "KVCache", "RMSNorm",
+           "rope_inv_freq", "shift_right"]

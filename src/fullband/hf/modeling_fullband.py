@@ -9,7 +9,10 @@ wrapper only routes ``transformers``' generation loop through it.
 
 - ``"standard"``: the model as an ordinary transformer;
 - ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
-- ``"fused"``: plain prefill plus ``fused_passes`` fused passes over the prompt, then as soft.
+- ``"fused"``: plain prefill plus ``fused_passes`` fused passes over the prompt, then as soft;
+  ``fused_passes="auto"`` iterates until the prompt's states change by at most ``fused_tol`` (relative) or
+  ``fused_max_passes`` passes ran (``FullBandLM.prefill``); the cache's ``prefill_passes`` holds the
+  passes each row ran (``generate(..., return_dict_in_generate=True).past_key_values``).
 
 The carried top state (B, 1, D) lives in :class:`FullBandCache` next to the KV cache, so batch expansion
 (``num_return_sequences``), sampling and beam search (row reordering) keep it in step with the keys and
@@ -27,7 +30,15 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
 from .configuration_fullband import DECODE_MODES, FullBandHFConfig
-from .fullband_model import FullBandConfig, FullBandLM, KVCache, RMSNorm, rope_inv_freq
+from .fullband_model import (
+    DEFAULT_FUSED_MAX_PASSES,
+    DEFAULT_FUSED_TOL,
+    FullBandConfig,
+    FullBandLM,
+    KVCache,
+    RMSNorm,
+    rope_inv_freq,
+)
 
 try:  # transformers >= 5: init functions that skip already-loaded tensors
     from transformers import initialization as _init
@@ -38,11 +49,13 @@ except ImportError:  # pragma: no cover
 _CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-def _check_mode(decode_mode: str, fused_passes: int) -> None:
+def _check_mode(decode_mode: str, fused_passes: int | str) -> None:
     if decode_mode not in DECODE_MODES:
         raise ValueError(f"decode_mode={decode_mode!r} is unknown; choose one of {', '.join(DECODE_MODES)}")
+    if fused_passes == "auto":
+        return
     if not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 1:
-        raise ValueError(f"fused_passes={fused_passes!r} must be a positive integer")
+        raise ValueError(f"fused_passes={fused_passes!r} must be a positive integer or 'auto'")
 
 
 class FullBandCache(Cache):
@@ -52,11 +65,20 @@ class FullBandCache(Cache):
     and grows by doubling if a forward would overflow it.
     """
 
-    def __init__(self, decode_mode: str = "standard", fused_passes: int = 1, max_length: int | None = None):
+    def __init__(
+        self,
+        decode_mode: str = "standard",
+        fused_passes: int | str = 1,
+        max_length: int | None = None,
+        fused_tol: float = DEFAULT_FUSED_TOL,
+        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+    ):
         super().__init__(layers=[])
         _check_mode(decode_mode, fused_passes)
         self.decode_mode = decode_mode
         self.fused_passes = fused_passes
+        self.fused_tol, self.fused_max_passes = fused_tol, fused_max_passes
+        self.prefill_passes: torch.Tensor | None = None  # (B,): fused prefill passes each row ran
         self.max_length = max_length
         self.kv: KVCache | None = None
         self.state: torch.Tensor | None = None  # (B, 1, D): top state of the last processed position
@@ -220,7 +242,9 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         decode_mode: str | None = None,
-        fused_passes: int | None = None,
+        fused_passes: int | str | None = None,
+        fused_tol: float | None = None,
+        fused_max_passes: int | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
@@ -248,9 +272,14 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         _check_mode(mode, passes)
         if use_cache and cache is None:
             cache = FullBandCache(mode, passes)
+        if cache is not None and cache.get_seq_length() == 0:  # the prefill reads them from the cache
+            cache.fused_tol = fused_tol if fused_tol is not None else cache.fused_tol
+            cache.fused_max_passes = fused_max_passes if fused_max_passes is not None else cache.fused_max_passes
 
         if cache is None:
-            logits, hidden = self._fb_prefill(input_ids, attention_mask, position_ids, None, mode, passes)
+            adaptive = (fused_tol if fused_tol is not None else DEFAULT_FUSED_TOL,
+                        fused_max_passes if fused_max_passes is not None else DEFAULT_FUSED_MAX_PASSES)
+            logits, hidden, _ = self._fb_prefill(input_ids, attention_mask, position_ids, None, mode, passes, *adaptive)
         else:
             logits, hidden = self._fb_cached_forward(cache, input_ids, attention_mask, position_ids, mode, passes)
 
@@ -274,9 +303,10 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             return out.to_tuple()
         return out
 
-    def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes):
-        """Plain pass, plus ``passes`` fused passes in fused mode (SPEC §4); padding and each row's first
-        position stay plain. With ``kv`` the cache of the last pass is kept."""
+    def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes, tol, max_passes):
+        """Plain pass, plus ``passes`` (or "auto": adaptive, ``tol``/``max_passes``) fused passes in fused
+        mode (SPEC §4); padding and each row's first position stay plain. With ``kv`` the cache of the last
+        pass is kept. Returns logits, hidden states and the (B,) fused passes each row ran."""
         T = input_ids.shape[1]
         mask = None if attention_mask is None else attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
         out = self.model.prefill(
@@ -286,8 +316,10 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             position_ids=position_ids,
             past_key_values=kv,
             use_cache=kv is not None,
+            fused_tol=tol,
+            fused_max_passes=max_passes,
         )
-        return out.logits, out.hidden
+        return out.logits, out.hidden, out.passes
 
     def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, mode, passes):
         fb = self.model
@@ -306,7 +338,10 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             position_ids = position_ids[:, -T:].to(input_ids.device)
         kv = cache.ensure_capacity(fb, B, start + T)
         if start == 0:
-            logits, hidden = self._fb_prefill(input_ids, attention_mask, position_ids, kv, cache.decode_mode, passes)
+            logits, hidden, cache.prefill_passes = self._fb_prefill(
+                input_ids, attention_mask, position_ids, kv, cache.decode_mode, passes, cache.fused_tol,
+                cache.fused_max_passes,
+            )
             if position_ids is None:
                 position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         else:
@@ -345,11 +380,12 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         inputs: torch.Tensor | None = None,
         generation_config: GenerationConfig | None = None,
         decode_mode: str | None = None,
-        fused_passes: int | None = None,
+        fused_passes: int | str | None = None,
         **kwargs,
     ) -> torch.LongTensor | ModelOutput:
         """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
-        "fused"; default ``config.decode_mode``) and ``fused_passes`` (default ``config.fused_passes``).
+        "fused"; default ``config.decode_mode``) and ``fused_passes`` (default ``config.fused_passes``; "auto"
+        for the adaptive prefill, tuned by ``fused_tol=`` and ``fused_max_passes=`` keyword arguments).
         Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted
         decoding only in standard mode (it rolls the cache back)."""
         mode = decode_mode if decode_mode is not None else self.config.decode_mode
