@@ -1,0 +1,152 @@
+"""``fullband bench``: accuracy, pass@k and generated length per task x decode mode x temperature."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from fullband.errors import CheckpointError, ConfigError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
+
+    p = subparsers.add_parser(
+        "bench", help="generation benchmarks: accuracy, pass@k and trace length per decode mode and temperature",
+        description="Generate answers in each decode mode and temperature, score them and write results.json, "
+        "results.md, samples.jsonl, accuracy.png and lengths.png. Rerunning with the same --out resumes.",
+    )
+    p.add_argument("model", help="run directory, checkpoint, model directory or exported Hugging Face directory")
+    p.add_argument("--task", action="append", required=True, metavar="TASK",
+                   help="synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:key=value,...] or humaneval (repeatable)")
+    p.add_argument("--modes", default="standard,soft,fused:1",
+                   help="comma-separated: standard, soft, fused:N, fused:auto (default: standard,soft,fused:1)")
+    p.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy (default: 0)")
+    p.add_argument("--samples", type=int, default=1, help="samples per problem at temperatures > 0 (default: 1)")
+    p.add_argument("--k", default="1", help="comma-separated k of pass@k, each <= --samples (default: 1)")
+    p.add_argument("--limit", type=int, help="only the first M problems of each task")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (reused to resume)")
+    p.add_argument("--match", choices=["exact", "math"], default="exact",
+                   help="jsonl tasks: exact final answer, or math-verify equivalence (default: exact)")
+    p.add_argument("--max-new-tokens", type=int, help="cap on generated tokens (default: per task)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per generation batch (default: 16)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass at temperatures > 0")
+    p.add_argument("--seed", type=int, default=0, help="sampling, reasoning-gym and bootstrap seed (default: 0)")
+    p.add_argument("--data-seed", type=int,
+                   help="synthetic tasks: data.seed of the held-out split (default: the run's, else 0)")
+    p.add_argument("--val-examples", type=int,
+                   help="synthetic tasks: data.synthetic_val_examples (default: the run's, else 500)")
+    p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
+                   help=f"fused:auto: stop at this relative state change (default: {DEFAULT_FUSED_TOL})")
+    p.add_argument("--fused-max-passes", type=int, default=DEFAULT_FUSED_MAX_PASSES,
+                   help=f"fused:auto: at most this many passes (default: {DEFAULT_FUSED_MAX_PASSES})")
+    p.add_argument("--timeout", type=float, default=10.0, help="humaneval: wall seconds per program (default: 10)")
+    p.add_argument("--workers", type=int, help="humaneval: programs run in parallel (default: CPU count)")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="skip accuracy.png and lengths.png")
+    p.set_defaults(func=run)
+    return p
+
+
+def load_bench_model(path: str | Path, device: str | None = None) -> tuple[Any, Any, Path | None]:
+    """(model, tokenizer, run directory or None) from a run, checkpoint or model directory, or from a
+    directory written by ``fullband export-hf``. An export is loaded into the same ``FullBandLM`` (its
+    config.json carries the fullband config, its weights the same tensors under ``model.``), so every
+    decode mode and fused:auto behave exactly as for the original checkpoint; the tokenizer must be a
+    Hugging Face one (tokenizer.json) in the export directory."""
+    from fullband.loading import default_device, load_model
+
+    path = Path(path)
+    config_path = path / "config.json"
+    exported = None
+    if config_path.is_file():
+        try:
+            exported = json.loads(config_path.read_text()).get("fullband")
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{config_path} is unreadable: {exc}") from None
+    if exported is None:
+        from fullband.train.checkpoint import resolve_model_dir
+
+        model, tokenizer = load_model(path, device)
+        model_dir = resolve_model_dir(path)
+        # RUN/checkpoints/STEP/model: the run's config.yaml records the data split.
+        run_dir = model_dir.parents[2] if model_dir.parent.parent.name == "checkpoints" else None
+        return model, tokenizer, run_dir
+    from safetensors.torch import load_file
+
+    from fullband.data import load_tokenizer
+    from fullband.model import FullBandConfig, FullBandLM
+
+    model = FullBandLM(FullBandConfig.from_dict(exported))
+    weights = path / "model.safetensors"
+    try:
+        state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
+        model.load_state_dict(state)
+    except Exception as exc:  # safetensors and load_state_dict raise their own types for broken files
+        raise CheckpointError(f"{weights} is unreadable or does not match its config: {exc}") from None
+    if not (path / "tokenizer.json").is_file():
+        raise CheckpointError(f"{path} has no tokenizer.json; run bench on the fullband model directory instead")
+    return model.to(device or default_device()).eval(), load_tokenizer(path), None
+
+
+def _run_data_settings(run_dir: Path | None) -> dict[str, Any]:
+    """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return {}
+    import yaml
+
+    try:
+        data = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    return {k: data[k] for k in ("seed", "synthetic_val_examples") if isinstance(data.get(k), int)}
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise ConfigError(f"{name} must be comma-separated integers, got {text!r}") from None
+    if not values or values[0] < 1:
+        raise ConfigError(f"{name} needs integers >= 1, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> None:
+    from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
+    from fullband.bench.sandbox import Limits
+    from fullband.bench.tasks import make_task
+
+    modes = parse_modes(args.modes)
+    temperatures = parse_temperatures(args.temperatures)
+    ks = _ints(args.k, "--k")
+    if args.samples < 1:
+        raise ConfigError(f"--samples must be >= 1, got {args.samples}")
+    if ks[-1] > args.samples and any(t > 0 for t in temperatures):
+        raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
+    for name in ("limit", "max_new_tokens", "batch_size", "workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    model, tokenizer, run_dir = load_bench_model(args.model, args.device)
+    recorded = _run_data_settings(run_dir)
+    data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
+    val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
+    tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,
+                       val_examples=val_examples, rg_size=args.limit or 100,
+                       limits=Limits(timeout=args.timeout), workers=args.workers) for spec in args.task]
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ConfigError("the same --task is given twice")
+    settings = BenchSettings(
+        model=str(Path(args.model).resolve()), modes=[m.label for m in modes], temperatures=temperatures,
+        samples=args.samples, ks=ks, limit=args.limit, max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, seed=args.seed, top_p=args.top_p, fused_tol=args.fused_tol,
+        fused_max_passes=args.fused_max_passes, bootstrap=args.bootstrap,
+        extra={"match": args.match, "data_seed": data_seed, "val_examples": val_examples},
+    )
+    run_bench(model, tokenizer, tasks, settings, args.out, progress=not args.no_progress, plots=not args.no_plots)
+    print((Path(args.out) / "results.md").read_text())

