@@ -325,4 +325,8 @@ DATA_HELP = {
     "synthetic_train_examples": "training examples of a synthetic:<task> source",
     "synthetic_val_examples": "validation examples of a synthetic:<task> source",
     "seed": "seed of the synthetic data generator",
+    "format": "record format: text, chat (OpenAI `messages`, loss on assistant turns), prompt_answer (loss on "
+              "the answer) or auto (chat if the first record has `messages`, prompt_answer if it has `prompt` "
+              "and `answer`, else text)",
+    "isolate_documents": "packed documents do not attend to each other; None = true for chat/prompt_answer",
 }

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fullband.data.shards import IGNORE_INDEX
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
 
@@ -53,16 +54,19 @@ def evaluate(
     sums: dict[str, float] = {}
     deltas: dict[str, float] = {}
     gaps: dict[str, float] = {}
-    positions = 0
+    positions = scored = 0  # all positions (Jacobi / sequential gaps) and trained targets (losses)
     result = EvalResult()
     for batch in batches:
         ids = batch.input_ids.to(model.device)
         targets = batch.targets.to(model.device)
         plain = batch.plain_mask.to(model.device)
+        segments = None if batch.segment_ids is None else batch.segment_ids.to(model.device)
         with autocast or torch.autocast("cpu", enabled=False):
-            out = model.multipass(ids, passes=fused_passes + 1, labels=targets, plain_mask=plain, keep_logits=False)
-        n = targets.numel()
-        positions += n
+            out = model.multipass(ids, passes=fused_passes + 1, labels=targets, plain_mask=plain, keep_logits=False,
+                                  segment_ids=segments)
+        n = int((targets != IGNORE_INDEX).sum())  # losses are means over the trained (unmasked) targets
+        scored += n
+        positions += targets.numel()
         for k, loss in enumerate(out.pass_losses):
             name = "standard" if k == 0 else f"fused({k})"
             sums[name] = sums.get(name, 0.0) + float(loss) * n
@@ -70,17 +74,18 @@ def evaluate(
             deltas[str(k + 1)] = deltas.get(str(k + 1), 0.0) + float(_relative_gap(out.hidden[k], out.hidden[k - 1]))
         if sequential:
             with autocast or torch.autocast("cpu", enabled=False):
-                logits, hidden = sequential_forward(model, ids, plain_mask=plain)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                logits, hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=segments)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                   reduction="sum") / max(n, 1)
             sums["sequential"] = sums.get("sequential", 0.0) + float(loss) * n
             for k, h in enumerate(out.hidden):
                 gaps[str(k + 1)] = gaps.get(str(k + 1), 0.0) + float(_relative_gap(h, hidden))
     model.train(was_training)
     if positions == 0:
         return result
-    result.tokens = positions
+    result.tokens = scored
     for name, total in sums.items():
-        result.loss[name] = total / positions
+        result.loss[name] = total / max(scored, 1)
     result.jacobi_delta = {k: v / positions for k, v in deltas.items()}
     result.sequential_gap = {k: v / positions for k, v in gaps.items()}
     return result

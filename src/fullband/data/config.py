@@ -11,11 +11,16 @@ from typing import Any
 from fullband.errors import ConfigError
 
 # Bump when the way documents become tokens changes, so old prepared datasets are not reused.
-DATA_FORMAT_VERSION = 1
+# 2: per-token loss masks, record formats (chat, prompt_answer) and isolated documents.
+DATA_FORMAT_VERSION = 2
 
 BYTE_VOCAB_SIZE = 259  # 256 bytes + <bos>, <eos>, <pad>
 
-_FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "int | None": (int, type(None))}
+_FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "int | None": (int, type(None)),
+                "bool | None": (bool, type(None))}
+# How a record becomes a training document: "text" (one text field, every token a target), "chat"
+# (OpenAI-style `messages`, loss on assistant turns) or "prompt_answer" (loss on the answer).
+RECORD_FORMATS = ("auto", "text", "chat", "prompt_answer")
 
 
 @dataclass
@@ -29,6 +34,12 @@ class DataConfig:
     tokenizer: "byte", "bpe" (trained on the training text) or a local Hugging Face tokenizer dir.
     max_train_bytes: use at most this many bytes of training text (and a proportional amount of
         validation text); documents are taken in their fixed order, so the cap is deterministic.
+    format: "text", "chat" (records with `messages`: [{"role": "system"|"user"|"assistant", "content": ...}],
+        loss on assistant turns including their end-of-turn token), "prompt_answer" (records with `prompt`
+        and `answer`, loss on the answer and the end-of-document token) or "auto": chat if the first record
+        has `messages`, prompt_answer if it has `prompt` and `answer`, else text (synthetic tasks: text).
+    isolate_documents: packed documents do not attend to each other (block-diagonal causal mask, positions
+        restarting per document); None = true for chat and prompt_answer, false for text.
     """
 
     source: str = "pystdlib"
@@ -40,6 +51,8 @@ class DataConfig:
     synthetic_train_examples: int = 20000
     synthetic_val_examples: int = 500
     seed: int = 0
+    format: str = "auto"
+    isolate_documents: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -47,7 +60,7 @@ class DataConfig:
     def validate(self) -> None:
         for f in dataclasses.fields(self):
             value, allowed = getattr(self, f.name), _FIELD_TYPES[str(f.type)]
-            if not isinstance(value, allowed) or isinstance(value, bool):
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
                 raise ConfigError(
                     f"data.{f.name}={value!r} has the wrong type: expected {f.type}."
                 )
@@ -64,6 +77,11 @@ class DataConfig:
             raise ConfigError(
                 f"data.source {self.source!r} names no dataset; write it as hf:<name> or "
                 "hf:<name>:<config>, e.g. hf:roneneldan/TinyStories."
+            )
+        if self.format not in RECORD_FORMATS:
+            raise ConfigError(
+                f"data.format={self.format!r} is not a record format; use one of {', '.join(RECORD_FORMATS)} "
+                "(auto: detected from the first record's keys)."
             )
         if not self.text_field:
             raise ConfigError("data.text_field is empty; give the name of the column holding the text.")

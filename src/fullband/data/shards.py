@@ -6,10 +6,13 @@ Layout of a prepared directory:
     tokenizer/               the tokenizer that produced the ids (see tokenizers.py)
     train_000.bin ...        concatenated documents, each framed as [bos] + tokens + [eos]
     train_docs.npy           int64 offset (into the split's token stream) of every document's bos
-    val_000.bin, val_docs.npy
+    train_mask.bin           record formats only (chat, prompt_answer): uint8 per token, 1 = a training
+                             target (assistant turns, answers); without it every token is a target
+    val_000.bin, val_docs.npy, val_mask.bin
 
-Document starts are kept because the model treats them specially (SPEC §3: a document start is a
-plain position, no state crosses a document boundary), even when documents are packed back to back.
+Document starts are kept because the model treats them specially (a document start is a plain position,
+no state crosses a document boundary, see docs/method.md), even when documents are packed back to back.
+With ``isolate_documents`` (manifest) packed documents also do not attend to each other.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import numpy as np
 import torch
 
 from fullband.data.config import DATA_FORMAT_VERSION, DataConfig
-from fullband.data.sources import SPLITS, SplitStats, describe_source, iter_documents
+from fullband.data.sources import (
+    SPLITS,
+    SplitStats,
+    describe_source,
+    isolates_documents,
+    iter_documents,
+    resolve_format,
+)
 from fullband.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from fullband.errors import ConfigError, DataError
 
@@ -36,6 +46,7 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 DEFAULT_SHARD_TOKENS = 64 * 2**20
+IGNORE_INDEX = -100  # a target that is not trained on (FullBandLM.multipass's ignore_index)
 _ENCODE_BATCH_BYTES = 4 * 2**20  # text handed to the tokenizer at once: big enough for batch speed
 
 
@@ -115,11 +126,32 @@ def _text_batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[str]]:
         yield batch
 
 
-def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, shard_tokens: int) -> dict:
+def _write_records(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, writer: _ShardWriter, stats: SplitStats,
+                   mask_path: Path) -> list[np.ndarray]:
+    """Chat / prompt_answer records: framed ids into the shards, their loss mask into `mask_path`."""
+    from fullband.data.chat import encode_record
+
+    starts = []
+    with open(mask_path, "wb") as mask_file:
+        for _, record in iter_documents(cfg, split, stats, fmt):
+            ids, mask = encode_record(tok, record)
+            starts.append(np.array([writer.total], dtype=np.int64))
+            writer.write(np.asarray(ids, dtype=np.int64))
+            mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
+        mask_file.flush()
+        os.fsync(mask_file.fileno())
+    return starts
+
+
+def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, shard_tokens: int,
+                 fmt: str = "text") -> dict:
     stats = SplitStats()
     writer = _ShardWriter(out_dir, split, token_dtype(tok.vocab_size), shard_tokens)
     starts: list[np.ndarray] = []
-    for texts in _text_batches(iter_documents(cfg, split, stats)):
+    mask_file = f"{split}_mask.bin"
+    if fmt != "text":
+        starts = _write_records(cfg, split, fmt, tok, writer, stats, out_dir / mask_file)
+    for texts in _text_batches(iter_documents(cfg, split, stats) if fmt == "text" else iter(())):
         encoded = tok.encode_batch(texts)
         lengths = np.array([len(ids) + 2 for ids in encoded], dtype=np.int64)
         doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -144,7 +176,12 @@ def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, sha
     np.save(out_dir / docs_file, doc_starts)
     log.info("%s: %d documents, %d tokens, %d shard(s), %d files skipped", split, stats.documents,
              writer.total, len(shards), stats.skipped_files)
+    extra = {}
+    if fmt != "text":
+        extra["loss_mask"] = {"file": mask_file, "bytes": (out_dir / mask_file).stat().st_size,
+                              "sha256": _sha256_file(out_dir / mask_file)}
     return {
+        **extra,
         "tokens": writer.total,
         "documents": stats.documents,
         "text_bytes": stats.text_bytes,
@@ -159,7 +196,8 @@ def _remove_outputs(out_dir: Path) -> None:
     """Delete what a previous (possibly interrupted) prepare wrote: only our own file names."""
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for split in SPLITS:
-        for p in [*out_dir.glob(f"{split}_[0-9][0-9][0-9].bin"), out_dir / f"{split}_docs.npy"]:
+        for p in [*out_dir.glob(f"{split}_[0-9][0-9][0-9].bin"), out_dir / f"{split}_docs.npy",
+                  out_dir / f"{split}_mask.bin"]:
             p.unlink(missing_ok=True)
     (out_dir / (MANIFEST + ".tmp")).unlink(missing_ok=True)
     shutil.rmtree(out_dir / TOKENIZER_DIR, ignore_errors=True)
@@ -194,8 +232,9 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
     _remove_outputs(out_dir)
 
     log.info("preparing %s from %s (tokenizer %s)", out_dir, cfg.source, cfg.tokenizer)
-    tok = build_tokenizer(cfg, (text for _, text in iter_documents(cfg, "train")))
-    splits = {split: _write_split(cfg, split, tok, out_dir, shard_tokens) for split in SPLITS}
+    fmt = resolve_format(cfg)
+    tok = build_tokenizer(cfg, _training_texts(cfg, fmt), chat=fmt == "chat")
+    splits = {split: _write_split(cfg, split, tok, out_dir, shard_tokens, fmt) for split in SPLITS}
     tok.save(out_dir / TOKENIZER_DIR)
     manifest = {
         "format": "fullband-dataset",
@@ -203,6 +242,8 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
         "data_config": cfg.to_dict(),
         "data_fingerprint": fingerprint,
         "source": describe_source(cfg),
+        "record_format": fmt,
+        "isolate_documents": isolates_documents(cfg, fmt),
         "tokenizer": {"kind": tok.kind, "fingerprint": tok.fingerprint(), "vocab_size": tok.vocab_size,
                       "bos_id": tok.bos_id, "eos_id": tok.eos_id, "pad_id": tok.pad_id, "dir": TOKENIZER_DIR},
         "dtype": token_dtype(tok.vocab_size).name,
@@ -220,6 +261,17 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
         finally:
             os.close(fd)
     return PreparedDataset(out_dir, manifest, tok)
+
+
+def _training_texts(cfg: DataConfig, fmt: str) -> Iterator[str]:
+    """The training text a BPE tokenizer learns from: documents, or every string of each record."""
+    for _, doc in iter_documents(cfg, "train", fmt=fmt):
+        if isinstance(doc, str):
+            yield doc
+        elif "messages" in doc:
+            yield from (m["role"] + "\n" + m["content"] for m in doc["messages"])
+        else:
+            yield doc["prompt"] + doc["answer"]
 
 
 # --- Reading -------------------------------------------------------------------------------------
@@ -241,16 +293,20 @@ def _read_manifest(path: Path) -> dict:
 
 @dataclass
 class Batch:
-    """input_ids, targets: (B, T) int64; plain_mask: (B, T) bool, True where the model must use the
-    plain token embedding (position 0 and every document start, see SPEC §2-3)."""
+    """input_ids, targets: (B, T) int64, targets IGNORE_INDEX where a token is not trained on (outside
+    assistant turns / answers, or across isolated documents); plain_mask: (B, T) bool, True where the model
+    must use the plain token embedding (position 0 and every document start, see docs/method.md);
+    segment_ids: (B, T) int64 for datasets with isolated documents (one id per packed document, see
+    ``FullBandLM.forward``), else None."""
 
     input_ids: torch.Tensor
     targets: torch.Tensor
     plain_mask: torch.Tensor
+    segment_ids: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking)
-                       for t in (self.input_ids, self.targets, self.plain_mask)))
+        return Batch(*(None if t is None else t.to(device, non_blocking=non_blocking)
+                       for t in (self.input_ids, self.targets, self.plain_mask, self.segment_ids)))
 
 
 def check_split_length(split: TokenSplit, seq_len: int) -> None:
@@ -265,7 +321,12 @@ def check_split_length(split: TokenSplit, seq_len: int) -> None:
 
 
 def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
-    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i]."""
+    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i].
+
+    Targets the split's loss mask excludes become IGNORE_INDEX. With isolated documents, so do targets
+    that cross into the next document, and the whole first document of a window that starts inside it:
+    its beginning (the conversation or prompt it answers) lies in the previous window, out of sight.
+    """
     rows = np.stack([split.tokens(int(s), int(s) + seq_len + 1) for s in starts]) if len(starts) else \
         np.zeros((0, seq_len + 1), dtype=np.int64)
     plain = np.zeros((len(starts), seq_len), dtype=bool)
@@ -274,18 +335,34 @@ def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
     for i, s in enumerate(starts):
         lo, hi = np.searchsorted(ds, [s, s + seq_len], side="left")
         plain[i, ds[lo:hi] - s] = True
+    targets = rows[:, 1:].copy()
+    segment_ids = None
+    if len(starts) and (split.loss_mask is not None or split.isolate):
+        positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(seq_len + 1)
+        if split.loss_mask is not None:
+            targets[np.asarray(split.loss_mask[positions[:, 1:]]) == 0] = IGNORE_INDEX
+        if split.isolate:
+            docs = np.searchsorted(ds, positions, side="right") - 1
+            targets[docs[:, 1:] != docs[:, :-1]] = IGNORE_INDEX
+            starts_inside = ds[np.clip(docs[:, 0], 0, None)] != positions[:, 0]
+            targets[starts_inside[:, None] & (docs[:, :-1] == docs[:, :1])] = IGNORE_INDEX
+            segment_ids = torch.from_numpy(docs[:, :-1] - docs[:, :1])
     rows_t = torch.from_numpy(rows)
-    return Batch(rows_t[:, :-1].contiguous(), rows_t[:, 1:].contiguous(), torch.from_numpy(plain))
+    return Batch(rows_t[:, :-1].contiguous(), torch.from_numpy(targets), torch.from_numpy(plain), segment_ids)
 
 
 class TokenSplit:
-    """One split's token stream (memory-mapped shards seen as one array) and its document starts."""
+    """One split's token stream (memory-mapped shards seen as one array), its document starts and, for
+    record formats, its loss mask (1 = a training target; None: every token is) and document isolation."""
 
-    def __init__(self, name: str, shards: list[np.ndarray], doc_starts: np.ndarray) -> None:
+    def __init__(self, name: str, shards: list[np.ndarray], doc_starts: np.ndarray,
+                 loss_mask: np.ndarray | None = None, isolate: bool = False) -> None:
         self.name = name
         self.shards = shards
         self.shard_offsets = np.cumsum([0] + [len(s) for s in shards])
         self.doc_starts = doc_starts
+        self.loss_mask = loss_mask
+        self.isolate = isolate
 
     def __len__(self) -> int:
         return int(self.shard_offsets[-1])
@@ -359,7 +436,10 @@ class PreparedDataset:
             dtype = np.dtype(self.manifest["dtype"])
             shards = [np.memmap(self.path / s["file"], dtype=dtype, mode="r") for s in info["shards"]]
             doc_starts = np.load(self.path / info["doc_starts"]["file"])
-            self._splits[name] = TokenSplit(name, shards, doc_starts)
+            mask = info.get("loss_mask")
+            loss_mask = np.memmap(self.path / mask["file"], dtype=np.uint8, mode="r") if mask else None
+            self._splits[name] = TokenSplit(name, shards, doc_starts, loss_mask,
+                                            bool(self.manifest.get("isolate_documents")))
         return self._splits[name]
 
 
@@ -379,7 +459,7 @@ def open_dataset(path: str | Path, verify: bool = True) -> PreparedDataset:
         )
     manifest = _read_manifest(path)
     for name, info in manifest["splits"].items():
-        for entry in [*info["shards"], info["doc_starts"]]:
+        for entry in [*info["shards"], info["doc_starts"], *([info["loss_mask"]] if "loss_mask" in info else [])]:
             file = path / entry["file"]
             if not file.is_file():
                 raise DataError(

@@ -5,6 +5,10 @@ The train/val split is decided per document by a stable hash of its id (relative
 lands in both splits. A source that is a single .txt file is split by position instead. Sources
 that come with their own validation split (a `datasets` DatasetDict
 with a "validation" split) keep it; synthetic tasks draw train and val examples from separate seeds.
+
+A document is a text (format "text") or, for the record formats "chat" and "prompt_answer", a validated
+record: {"messages": [{"role", "content"}, ...]} or {"prompt", "answer"}; `fullband.data.chat` turns
+records into tokens and a loss mask.
 """
 
 from __future__ import annotations
@@ -30,9 +34,12 @@ FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
 _STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 _VAL_SPLIT_NAMES = ("validation", "valid", "val")
 
-# A raw source yields (doc_id, text, split). text None = an unreadable file that was skipped;
+CHAT_ROLES = ("system", "user", "assistant")
+# A document: a text, or a record of the chat / prompt_answer formats (see the module docstring).
+Document = str | dict
+# A raw source yields (doc_id, document, split). document None = an unreadable file that was skipped;
 # split None = let the id hash decide.
-RawDoc = tuple[str, str | None, str | None]
+RawDoc = tuple[str, Document | None, str | None]
 
 
 @dataclass
@@ -61,26 +68,74 @@ def byte_cap(cfg: DataConfig, split: str) -> int | None:
     return max(1, round(cfg.max_train_bytes * cfg.val_fraction / (1 - cfg.val_fraction)))
 
 
-def iter_documents(cfg: DataConfig, split: str, stats: SplitStats | None = None) -> Iterator[tuple[str, str]]:
-    """The (doc_id, text) documents of one split, in a fixed order, capped by `max_train_bytes`.
+def resolve_format(cfg: DataConfig) -> str:
+    """data.format with "auto" resolved: chat if the source's first record has `messages`, prompt_answer
+    if it has `prompt` and `answer`, else text. Text-only sources (pystdlib, .txt) and synthetic tasks
+    resolve to text."""
+    if cfg.format != "auto":
+        if cfg.format != "text" and (cfg.source == "pystdlib" or _all_text_files(cfg)):
+            raise ConfigError(
+                f"data.format={cfg.format!r} needs records (.jsonl, .parquet, `datasets` or synthetic:<task> "
+                f"for prompt_answer), but data.source {cfg.source!r} is plain text. Use data.format text."
+            )
+        if cfg.format == "chat" and cfg.source.startswith("synthetic:"):
+            raise ConfigError("synthetic tasks have no conversations: use data.format prompt_answer or text, or "
+                              "write chat records with scripts/make_chat_data.py.")
+        return cfg.format
+    if cfg.source == "pystdlib" or cfg.source.startswith("synthetic:") or _all_text_files(cfg):
+        return "text"
+    keys = _first_record_keys(cfg)
+    if "messages" in keys:
+        return "chat"
+    if {"prompt", "answer"} <= keys:
+        return "prompt_answer"
+    return "text"
+
+
+def isolates_documents(cfg: DataConfig, fmt: str) -> bool:
+    """Whether packed documents are kept from attending to each other (data.isolate_documents)."""
+    return cfg.isolate_documents if cfg.isolate_documents is not None else fmt != "text"
+
+
+def document_bytes(doc: Document) -> int:
+    """UTF-8 size of a document's text (a record's: all its strings), for the byte cap and statistics."""
+    if isinstance(doc, str):
+        return len(doc.encode("utf-8"))
+    if "messages" in doc:
+        return sum(len(m["content"].encode("utf-8")) for m in doc["messages"])
+    return len(doc["prompt"].encode("utf-8")) + len(doc["answer"].encode("utf-8"))
+
+
+def iter_documents(cfg: DataConfig, split: str, stats: SplitStats | None = None,
+                   fmt: str | None = None) -> Iterator[tuple[str, Document]]:
+    """The (doc_id, document) pairs of one split, in a fixed order, capped by `max_train_bytes`.
 
     Empty documents are dropped. The document that crosses the byte cap is cut at the cap (on a
-    character boundary; a synthetic example is dropped instead, half an example teaches nothing)
-    and iteration stops there, so the result is deterministic. `stats`, if given, is filled in as
-    the iterator is consumed.
+    character boundary; a synthetic example or a record is dropped instead, half an example teaches
+    nothing) and iteration stops there, so the result is deterministic. `stats`, if given, is filled
+    in as the iterator is consumed. `fmt`: the resolved data.format (default: `resolve_format(cfg)`).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}")
+    fmt = fmt or resolve_format(cfg)
     stats = stats if stats is not None else SplitStats()
     cap = byte_cap(cfg, split)
     synthetic = cfg.source.startswith("synthetic:")
-    for doc_id, text, doc_split in _raw_documents(cfg, split):
+    for doc_id, text, doc_split in _raw_documents(cfg, split, fmt):
         if (doc_split or split_of(doc_id, cfg.val_fraction)) != split:
             continue
         if text is None:
             stats.skipped_files += 1
             continue
         if not text:
+            continue
+        if isinstance(text, dict):
+            size = document_bytes(text)
+            if cap is not None and size > cap - stats.text_bytes:
+                return
+            stats.documents += 1
+            stats.text_bytes += size
+            yield doc_id, text
             continue
         data = text.encode("utf-8")
         room = None if cap is None else cap - stats.text_bytes
@@ -108,7 +163,7 @@ def describe_source(cfg: DataConfig) -> dict:
     return {"kind": "files", "paths": [str(p) for p in _resolve_paths(cfg.source)]}
 
 
-def _raw_documents(cfg: DataConfig, split: str) -> Iterator[RawDoc]:
+def _raw_documents(cfg: DataConfig, split: str, fmt: str) -> Iterator[RawDoc]:
     # Whole-file documents of the other split are not even read.
     def wanted(doc_id: str) -> bool:
         return split_of(doc_id, cfg.val_fraction) == split
@@ -116,11 +171,85 @@ def _raw_documents(cfg: DataConfig, split: str) -> Iterator[RawDoc]:
     if cfg.source == "pystdlib":
         yield from _pystdlib_documents(wanted)
     elif cfg.source.startswith("synthetic:"):
-        yield from _synthetic_documents(cfg, split)
+        yield from _synthetic_documents(cfg, split, fmt)
     elif cfg.source.startswith("hf:"):
-        yield from _hf_documents(cfg)
+        yield from _hf_documents(cfg, fmt)
     else:
-        yield from _path_documents(cfg, wanted)
+        yield from _path_documents(cfg, wanted, fmt)
+
+
+def _all_text_files(cfg: DataConfig) -> bool:
+    if cfg.source == "pystdlib" or cfg.source.startswith(("synthetic:", "hf:")):
+        return False
+    return all(p.suffix == ".txt" for p in _resolve_paths(cfg.source))
+
+
+def _first_record_keys(cfg: DataConfig) -> set[str]:
+    """The field names of the source's first record (a .jsonl line, a Parquet or `datasets` schema)."""
+    if cfg.source.startswith("hf:"):
+        name, _, config = cfg.source.removeprefix("hf:").partition(":")
+        datasets = _import_datasets(f"data.source {cfg.source!r}")
+        try:
+            dd = datasets.load_dataset(name, config or None, streaming=True)
+            first = next(iter(dd[next(iter(dd.keys()))]), {})
+        except Exception as e:
+            raise DataError(
+                f"Could not load the Hugging Face dataset {cfg.source!r} to detect data.format "
+                f"({type(e).__name__}: {e}). hf: sources need network access to the Hugging Face Hub (or a warm "
+                "cache); offline, save the dataset with save_to_disk and pass that directory instead."
+            ) from e
+        return set(first)
+    for path in _resolve_paths(cfg.source):
+        if path.is_dir():
+            datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                ds = ds[next(iter(ds.keys()))]
+            return set(ds.column_names or [])
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return set(pq.ParquetFile(path).schema_arrow.names)
+        if path.suffix == ".jsonl":
+            with open(path, "rb") as f:
+                for lineno, raw in enumerate(f, start=1):
+                    if raw.strip():
+                        try:
+                            record = json.loads(raw)
+                        except json.JSONDecodeError as e:
+                            raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}).") from None
+                        return set(record) if isinstance(record, dict) else set()
+    return set()
+
+
+def structured_record(record: object, fmt: str, where: str) -> dict:
+    """A chat / prompt_answer record checked and reduced to the fields that are used."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where} is not a JSON object; data.format={fmt} needs objects.")
+    if fmt == "prompt_answer":
+        for key in ("prompt", "answer"):
+            if not isinstance(record.get(key), str):
+                raise DataError(
+                    f"{where}: data.format=prompt_answer needs string fields 'prompt' and 'answer'; "
+                    f"{key!r} is {type(record.get(key)).__name__}. Fix the record or choose another data.format."
+                )
+        return {"prompt": record["prompt"], "answer": record["answer"]}
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where}: data.format=chat needs a non-empty list 'messages' of "
+                        '{"role": ..., "content": ...} objects (the OpenAI format).')
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            raise DataError(
+                f"{where}: message {i} must be an object with 'role' in {', '.join(CHAT_ROLES)} and a string "
+                f"'content', got {json.dumps(m)[:200]}."
+            )
+        clean.append({"role": m["role"], "content": m["content"]})
+    if not any(m["role"] == "assistant" for m in clean):
+        raise DataError(f"{where}: the conversation has no assistant message, so nothing would be trained on; "
+                        "remove it or add the assistant's answer.")
+    return {"messages": clean}
 
 
 # --- Python standard library ---------------------------------------------------------------------
@@ -166,18 +295,22 @@ def synthetic_val_set(cfg: DataConfig) -> tuple[SyntheticTask, list[Example]]:
     return task, synthetic_examples(task, cfg.synthetic_val_examples, synthetic_seed(cfg.seed, "val"))
 
 
-def _synthetic_documents(cfg: DataConfig, split: str) -> Iterator[RawDoc]:
+def _synthetic_documents(cfg: DataConfig, split: str, fmt: str) -> Iterator[RawDoc]:
+    def document(ex: Example) -> Document:
+        # prompt_answer keeps Example.text's trailing newline in the answer, so both formats hold the same tokens.
+        return ex.text if fmt == "text" else {"prompt": ex.prompt, "answer": ex.text[len(ex.prompt):]}
+
     task, val = synthetic_val_set(cfg)
     if split == "val":
         for i, ex in enumerate(val):
-            yield f"val:{i}", ex.text, "val"
+            yield f"val:{i}", document(ex), "val"
         return
     # Short tasks repeat examples; keep validation prompts out of training so accuracy is held-out.
     held_out = {ex.prompt for ex in val}
     train = synthetic_examples(task, cfg.synthetic_train_examples, synthetic_seed(cfg.seed, "train"))
     for i, ex in enumerate(train):
         if ex.prompt not in held_out:
-            yield f"train:{i}", ex.text, "train"
+            yield f"train:{i}", document(ex), "train"
 
 
 # --- Local files ---------------------------------------------------------------------------------
@@ -228,7 +361,7 @@ def _resolve_paths(source: str) -> list[Path]:
     return list(dict.fromkeys(p.resolve() for p in out))
 
 
-def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
+def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool], fmt: str) -> Iterator[RawDoc]:
     paths = _resolve_paths(cfg.source)
     if len(paths) == 1 and paths[0].suffix == ".txt":
         yield from _single_text_documents(paths[0], cfg.val_fraction)
@@ -240,14 +373,17 @@ def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool]) -> Iterator[
     for path in paths:
         rel = path.relative_to(base).as_posix()
         if path.is_dir():
-            yield from _saved_dataset_documents(path, rel, cfg.text_field)
+            yield from _saved_dataset_documents(path, rel, cfg.text_field, fmt)
         elif path.suffix == ".txt":
+            if fmt != "text":
+                raise DataError(f"{path} is plain text, but data.format={fmt} needs records (.jsonl, .parquet or "
+                                "`datasets`); remove it from data.source or use data.format text.")
             if wanted(rel):
                 yield rel, _decode(path.read_bytes(), path), None
         elif path.suffix == ".jsonl":
-            yield from _jsonl_documents(path, rel, cfg.text_field)
+            yield from _jsonl_documents(path, rel, cfg.text_field, fmt)
         else:
-            yield from _parquet_documents(path, rel, cfg.text_field)
+            yield from _parquet_documents(path, rel, cfg.text_field, fmt)
 
 
 def _single_text_documents(path: Path, val_fraction: float) -> Iterator[RawDoc]:
@@ -270,7 +406,7 @@ def _decode(data: bytes, path: Path, line: int | None = None, offset: int = 0) -
         ) from None
 
 
-def _jsonl_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+def _jsonl_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
     offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -283,6 +419,9 @@ def _jsonl_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
                                 "must be one JSON object.") from None
+            if fmt != "text":
+                yield f"{rel}:{lineno}", structured_record(record, fmt, f"{path}:{lineno}"), None
+                continue
             if not isinstance(record, dict) or field not in record:
                 raise DataError(
                     f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
@@ -294,7 +433,7 @@ def _jsonl_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
             yield f"{rel}:{lineno}", text, None
 
 
-def _parquet_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+def _parquet_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -303,6 +442,18 @@ def _parquet_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
         ) from None
     pf = pq.ParquetFile(path)
     columns = pf.schema_arrow.names
+    if fmt != "text":
+        wanted = ["messages"] if fmt == "chat" else ["prompt", "answer"]
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise DataError(f"{path} has no column {', '.join(missing)} (columns: {', '.join(columns)}), which "
+                            f"data.format={fmt} needs.")
+        row = 0
+        for batch in pf.iter_batches(columns=wanted):
+            for record in batch.to_pylist():
+                yield f"{rel}:{row}", structured_record(record, fmt, f"{path} row {row}"), None
+                row += 1
+        return
     if field not in columns:
         raise DataError(
             f"{path} has no column {field!r} (columns: {', '.join(columns)}). Set --data.text_field."
@@ -328,7 +479,11 @@ def _import_datasets(what: str):
     return datasets
 
 
-def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None) -> Iterator[RawDoc]:
+def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None, fmt: str) -> Iterator[RawDoc]:
+    if fmt != "text":
+        for i, record in enumerate(ds):
+            yield f"{id_prefix}{i}", structured_record(record, fmt, f"{origin} row {i}"), split
+        return
     columns = ds.column_names
     if columns is not None and field not in columns:
         raise DataError(f"{origin} has no column {field!r} (columns: {', '.join(columns)}). "
@@ -340,7 +495,7 @@ def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None
         yield f"{id_prefix}{i}", text or "", split
 
 
-def _dict_rows(dd, origin: str, field: str, id_prefix: str) -> Iterator[RawDoc]:
+def _dict_rows(dd, origin: str, field: str, id_prefix: str, fmt: str) -> Iterator[RawDoc]:
     """Rows of a DatasetDict: its train split (or only split), plus its validation split if it has one."""
     names = list(dd.keys())
     train = "train" if "train" in names else names[0] if len(names) == 1 else None
@@ -349,12 +504,12 @@ def _dict_rows(dd, origin: str, field: str, id_prefix: str) -> Iterator[RawDoc]:
                         "save the split to use with save_to_disk, or name it 'train'.")
     val = next((n for n in _VAL_SPLIT_NAMES if n in names), None)
     yield from _dataset_rows(dd[train], f"{origin} [{train}]", field, f"{id_prefix}{train}:",
-                             "train" if val else None)
+                             "train" if val else None, fmt)
     if val:
-        yield from _dataset_rows(dd[val], f"{origin} [{val}]", field, f"{id_prefix}{val}:", "val")
+        yield from _dataset_rows(dd[val], f"{origin} [{val}]", field, f"{id_prefix}{val}:", "val", fmt)
 
 
-def _saved_dataset_documents(path: Path, rel: str, field: str) -> Iterator[RawDoc]:
+def _saved_dataset_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
     datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
     try:
         ds = datasets.load_from_disk(str(path))
@@ -362,19 +517,19 @@ def _saved_dataset_documents(path: Path, rel: str, field: str) -> Iterator[RawDo
         raise DataError(f"Could not load {path} with datasets.load_from_disk ({e}). Is it a complete "
                         "save_to_disk directory?") from e
     if isinstance(ds, datasets.DatasetDict):
-        yield from _dict_rows(ds, str(path), field, f"{rel}:")
+        yield from _dict_rows(ds, str(path), field, f"{rel}:", fmt)
     else:
-        yield from _dataset_rows(ds, str(path), field, f"{rel}:", None)
+        yield from _dataset_rows(ds, str(path), field, f"{rel}:", None, fmt)
 
 
-def _hf_documents(cfg: DataConfig) -> Iterator[RawDoc]:
+def _hf_documents(cfg: DataConfig, fmt: str) -> Iterator[RawDoc]:
     spec = cfg.source.removeprefix("hf:")
     name, _, config = spec.partition(":")
     datasets = _import_datasets(f"data.source {cfg.source!r}")
     try:
         # Streaming reads only as much as is used, which matters with max_train_bytes on big corpora.
         dd = datasets.load_dataset(name, config or None, streaming=True)
-        yield from _dict_rows(dd, f"Hugging Face dataset {spec!r}", cfg.text_field, "")
+        yield from _dict_rows(dd, f"Hugging Face dataset {spec!r}", cfg.text_field, "", fmt)
     except DataError:
         raise
     except Exception as e:

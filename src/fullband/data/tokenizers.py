@@ -3,12 +3,19 @@
 All three share one small interface and are saved into a directory together with a
 `fullband_tokenizer.json` marker that records the kind and the special token ids, so
 `load_tokenizer(dir)` gives back exactly the tokenizer that prepared a dataset.
+
+Chat: a Hugging Face tokenizer with its own `chat_template` uses it; any other tokenizer gets fullband's
+chat tokens (CHAT_TOKENS) added by `with_chat_tokens()` for the built-in template (`fullband.data.chat`).
+The extended tokenizer remembers the fingerprint of the one it extends (`base_fingerprint`), so a model
+trained with the base tokenizer can be fine-tuned on chat data (its vocabulary grows by those tokens).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import re
 import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
@@ -21,6 +28,8 @@ from fullband.errors import DataError
 
 MARKER = "fullband_tokenizer.json"
 BPE_SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
+# The built-in chat template's turn delimiters (ChatML names, so tools that know ChatML recognise them).
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 
 
 class Tokenizer(ABC):
@@ -31,9 +40,29 @@ class Tokenizer(ABC):
     bos_id: int
     eos_id: int
     pad_id: int
+    # Fingerprint of the tokenizer this one extends with CHAT_TOKENS (None: not an extension).
+    base_fingerprint: str | None = None
+    # A Jinja chat template that came with the tokenizer (Hugging Face tokenizers); None: built-in template.
+    chat_template: str | None = None
 
     @abstractmethod
     def encode(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a token given by its string (e.g. a special token), or None if it has none."""
+
+    @abstractmethod
+    def id_to_token(self, token_id: int) -> str | None:
+        """The string of a token id (special tokens by name), or None if out of range."""
+
+    @abstractmethod
+    def with_chat_tokens(self) -> Tokenizer:
+        """This tokenizer extended with CHAT_TOKENS (itself if it has them or its own chat template)."""
+
+    @property
+    def has_chat_tokens(self) -> bool:
+        return all(self.token_to_id(t) is not None for t in CHAT_TOKENS)
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
@@ -59,28 +88,66 @@ class Tokenizer(ABC):
         self._save_files(directory)
         marker = {"kind": self.kind, "vocab_size": self.vocab_size, "bos_id": self.bos_id,
                   "eos_id": self.eos_id, "pad_id": self.pad_id, "fingerprint": self.fingerprint()}
+        if self.base_fingerprint is not None:
+            marker["base_fingerprint"] = self.base_fingerprint
+        if isinstance(self, ByteTokenizer) and self.chat:
+            marker["chat_tokens"] = True
         (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. Needs no files."""
+    """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. Needs no files.
+
+    With ``chat=True`` (the chat extension) <|im_start|>=259 and <|im_end|>=260 are added, and the
+    strings of all five special tokens are recognised in text, as a Hugging Face tokenizer does with
+    its special tokens (the chat template is rendered to text there). The plain byte tokenizer reads
+    every string as bytes.
+    """
 
     kind = "byte"
-    vocab_size = BYTE_VOCAB_SIZE
     bos_id, eos_id, pad_id = 256, 257, 258
 
+    def __init__(self, chat: bool = False) -> None:
+        self.chat = chat
+        names = list(BPE_SPECIAL_TOKENS) + (list(CHAT_TOKENS) if chat else [])
+        self._specials = {name: 256 + i for i, name in enumerate(names)}
+        self._names = {i: name for name, i in self._specials.items()}
+        self.vocab_size = BYTE_VOCAB_SIZE + (len(CHAT_TOKENS) if chat else 0)
+        if chat:
+            self.base_fingerprint = ByteTokenizer().fingerprint()
+        self._split = re.compile("(" + "|".join(map(re.escape, self._specials)) + ")") if chat else None
+
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        if self._split is None:
+            return list(text.encode("utf-8"))
+        ids: list[int] = []
+        for i, piece in enumerate(self._split.split(text)):
+            # re.split with one group alternates text (even i) and the special token that ended it (odd i).
+            ids += [self._specials[piece]] if i % 2 else list(piece.encode("utf-8"))
+        return ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        if self._split is not None:
+            return super().encode_batch(texts)
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         # A model can emit a byte sequence that is not valid UTF-8; show it rather than fail.
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
+    def token_to_id(self, token: str) -> int | None:
+        return self._specials.get(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        if 0 <= token_id < 256:
+            return bytes([token_id]).decode("latin-1")
+        return self._names.get(token_id)
+
+    def with_chat_tokens(self) -> ByteTokenizer:
+        return self if self.chat else ByteTokenizer(chat=True)
+
     def _serialized(self) -> bytes:
-        return b"fullband-byte-tokenizer-v1"
+        return b"fullband-byte-tokenizer-v1" + (b"+chat" if self.chat else b"")
 
     def _save_files(self, directory: Path) -> None:
         pass
@@ -96,6 +163,26 @@ class _TokenizersLibTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and the (start, end) character span of each token in ``text``."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def _chat_extended(self):
+        """A copy of the backing tokenizer with CHAT_TOKENS added as special tokens (appended ids)."""
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTok
+
+        tok = HFTok.from_str(self._tok.to_str())
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
+        return tok
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
@@ -144,6 +231,13 @@ class BPETokenizer(_TokenizersLibTokenizer):
     def _save_files(self, directory: Path) -> None:
         self._tok.save(str(directory / "tokenizer.json"))
 
+    def with_chat_tokens(self) -> BPETokenizer:
+        if self.has_chat_tokens:
+            return self
+        extended = BPETokenizer(self._chat_extended(), self.bos_id, self.eos_id, self.pad_id)
+        extended.base_fingerprint = self.fingerprint()
+        return extended
+
 
 # Names models commonly use for end-of-text, tried in order when a tokenizer dir does not say.
 _EOS_FALLBACKS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
@@ -179,6 +273,7 @@ class HFTokenizer(_TokenizersLibTokenizer):
                 "Check that the file is complete and was written by a compatible `tokenizers` version."
             ) from e
         names: dict[str, str] = {}
+        self.chat_template = _read_chat_template(directory)
         for fname in reversed(_HF_CONFIG_FILES):  # tokenizer_config.json wins, so read it last
             path = directory / fname
             if not path.is_file():
@@ -205,12 +300,43 @@ class HFTokenizer(_TokenizersLibTokenizer):
         super().__init__(tok, bos, ids["eos"], pad)
 
     def _save_files(self, directory: Path) -> None:
-        if directory.resolve() == self.directory.resolve():
+        same = directory.resolve() == self.directory.resolve()
+        if same and self.base_fingerprint is None:
             return
         self._tok.save(str(directory / "tokenizer.json"))
-        for fname in _HF_CONFIG_FILES:
-            if (self.directory / fname).is_file():
+        for fname in (*_HF_CONFIG_FILES, _CHAT_TEMPLATE_FILE):
+            if not same and (self.directory / fname).is_file():
                 shutil.copyfile(self.directory / fname, directory / fname)
+
+    def with_chat_tokens(self) -> HFTokenizer:
+        if self.chat_template is not None or self.has_chat_tokens:
+            return self
+        extended = copy.copy(self)
+        extended._tok = self._chat_extended()
+        extended.vocab_size = extended._tok.get_vocab_size(with_added_tokens=True)
+        extended.base_fingerprint = self.fingerprint()
+        return extended
+
+
+_CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _read_chat_template(directory: Path) -> str | None:
+    """The tokenizer's own chat template: chat_template.jinja, else tokenizer_config.json's chat_template
+    (a string, or a list of named templates of which "default" is used)."""
+    if (directory / _CHAT_TEMPLATE_FILE).is_file():
+        return (directory / _CHAT_TEMPLATE_FILE).read_text()
+    path = directory / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    try:
+        template = json.loads(path.read_text()).get("chat_template")
+    except (json.JSONDecodeError, AttributeError):
+        return None  # reported with a clear message where the special tokens are read
+    if isinstance(template, list):
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
 
 
 def _token_content(value: object) -> str | None:
@@ -237,7 +363,7 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     except (json.JSONDecodeError, KeyError) as e:
         raise DataError(f"{marker_path} is corrupt ({e}); re-run `fullband prepare` to rewrite it.") from e
     if kind == "byte":
-        tok: Tokenizer = ByteTokenizer()
+        tok: Tokenizer = ByteTokenizer(chat=bool(marker.get("chat_tokens")))
     elif kind == "bpe":
         tok = BPETokenizer.load(directory, marker)
     elif kind == "hf":
@@ -249,16 +375,26 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
             f"The tokenizer in {directory} does not match its {MARKER} (fingerprint differs): its files "
             "were changed after it was saved. Re-run `fullband prepare` with overwrite."
         )
+    tok.base_fingerprint = marker.get("base_fingerprint", tok.base_fingerprint)
     return tok
 
 
-def build_tokenizer(cfg: DataConfig, train_texts: Iterable[str]) -> Tokenizer:
-    """The tokenizer `cfg.tokenizer` asks for; only "bpe" reads (trains on) the texts."""
+def build_tokenizer(cfg: DataConfig, train_texts: Iterable[str], chat: bool = False) -> Tokenizer:
+    """The tokenizer `cfg.tokenizer` asks for; only "bpe" reads (trains on) the texts. ``chat``: extended
+    for the built-in chat template (unless it has its own). A directory saved by fullband (a model's or
+    dataset's tokenizer/) is loaded as what it is, so fine-tuning data matches the model's tokenizer."""
+    tok = _build_base_tokenizer(cfg, train_texts)
+    return tok.with_chat_tokens() if chat else tok
+
+
+def _build_base_tokenizer(cfg: DataConfig, train_texts: Iterable[str]) -> Tokenizer:
     if cfg.tokenizer == "byte":
         return ByteTokenizer()
     if cfg.tokenizer == "bpe":
         return BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
     path = Path(cfg.tokenizer).expanduser()
+    if (path / MARKER).is_file():
+        return load_tokenizer(path)
     if not path.is_dir():
         raise DataError(
             f"data.tokenizer={cfg.tokenizer!r} is neither 'byte', 'bpe' nor an existing directory. "

@@ -355,7 +355,8 @@ class Trainer:
                         with autocast:
                             out = objective(
                                 input_ids=batch.input_ids, passes=passes, labels=batch.targets,
-                                plain_mask=batch.plain_mask, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
+                                plain_mask=batch.plain_mask, segment_ids=batch.segment_ids,
+                                prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
                                 later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
                                 backward_scale=per_pass_backward, keep_logits=False,
                             )
