@@ -138,7 +138,7 @@ def test_resume_defaults_to_the_runs_own_config(trained, capsys, tmp_path):
     # a finished run resumes to its end at once; no --config needed
     code, out, err = run(["train", "--out-dir", run_dir, "--data-dir", trained["data"], "--resume"], capsys)
     assert code == 0, err
-    assert "resumed from" in err and "steps 3" in out
+    assert "is already complete" in err and "steps 3" in out
     # --resume with a changed architecture names the field
     err = fails(["train", "--out-dir", run_dir, "--data-dir", trained["data"], "--resume", "--model.d_model", 64],
                 capsys, "was trained with a different config")

@@ -126,7 +126,7 @@ def test_interrupted_write_is_ignored(finished_run, tmp_path, capfd, parity_data
     assert resolve_model_dir(run) == run / "checkpoints" / "step_00000006" / "model"
     result = train(_cfg(), run, data_dir=parity_data, resume=True)
     assert result.steps == STEPS and result.finished
-    assert "resumed from" in capfd.readouterr().err and read_metrics(run)[-1]["step"] == STEPS
+    assert "is already complete" in capfd.readouterr().err and read_metrics(run)[-1]["step"] == STEPS
 
 
 def test_resolve_model_dir(finished_run, tmp_path):
@@ -174,6 +174,7 @@ def test_pickled_objects_in_a_checkpoint_are_refused(finished_run, tmp_path, par
     verify_checkpoint(newest)  # the manifest agrees, so only the loader can refuse it
     with pytest.raises(CheckpointError, match="optimizer.pt"):
         read_checkpoint(newest)
+    (run / "eval.jsonl").write_text("")  # no final evaluation: the run is not complete, resuming loads the state
     with pytest.raises(CheckpointError, match="optimizer.pt"):
         train(_cfg(), run, data_dir=parity_data, resume=True)
     assert not marker.exists()

@@ -55,7 +55,7 @@ def export_hf(
 
     from fullband.hf.configuration_fullband import DECODE_MODES, FullBandHFConfig
     from fullband.hf.modeling_fullband import FullBandForCausalLM
-    from fullband.model import FullBandLM
+    from fullband.model import FullBandLM, ordinary_file_mode
 
     model_dir, dst = Path(model_dir), Path(dst)
     if decode_mode not in DECODE_MODES:
@@ -99,6 +99,8 @@ def export_hf(
 
     dst.mkdir(parents=True, exist_ok=True)
     hf_model.save_pretrained(dst)
+    for weights in dst.glob("*.safetensors"):  # one file or shards; safetensors writes them with mode 0600
+        os.chmod(weights, ordinary_file_mode())
     config_path = dst / "config.json"
     saved = _read_json(config_path)
     saved["auto_map"] = dict(AUTO_MAP)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from fullband.errors import CheckpointError
+from fullband.model import ordinary_file_mode
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
@@ -63,6 +64,7 @@ def write_checkpoint(
     (tmp / "model").mkdir(parents=True)
     save_file({k: v.contiguous() for k, v in model_state.items()}, str(tmp / "model" / "model.safetensors"),
               metadata={"format": "pt", "library": "fullband"})
+    os.chmod(tmp / "model" / "model.safetensors", ordinary_file_mode())  # safetensors writes mode 0600
     model_config.save(tmp / "model" / "config.json")
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "model" / "tokenizer")

@@ -28,11 +28,13 @@ from fullband.data import PreparedDataset, TokenLoader, load_tokenizer, open_dat
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
 from fullband.model import FullBandConfig, FullBandLM, MultipassOutput
+from fullband.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from fullband.train.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
     read_checkpoint,
     resolve_model_dir,
+    verify_checkpoint,
     write_checkpoint,
 )
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
@@ -299,6 +301,9 @@ class Trainer:
         model = self._build_model(dataset)
         if self.resume:
             self._check_resume_config()
+            finished = self._finished_run()
+            if finished is not None:
+                return finished
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             cfg.save(self.out_dir / "config.yaml")
@@ -422,6 +427,37 @@ class Trainer:
             if writer is not None:
                 writer.close()
         return TrainResult(self.out_dir, step, tokens, compute_tokens, skipped, step == total_steps, final_eval)
+
+    def _finished_run(self) -> TrainResult | None:
+        """The summary of a run that already trained its whole token budget and evaluated at its end, else None.
+
+        Resuming such a run must change nothing: evaluating again would append a duplicate line to
+        eval.jsonl. A run whose final evaluation was interrupted (checkpoint written, no eval line) is
+        not finished: resuming it evaluates once.
+        """
+        t = self.train_cfg
+        total_steps = max(1, math.ceil(t.tokens / (t.batch_size * t.grad_accum * t.seq_len)))
+        checkpoint = self.out_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{total_steps:08d}"
+        evals = self.out_dir / "eval.jsonl"
+        if not checkpoint.is_dir() or not evals.is_file():
+            return None
+        final = [r for r in map(json.loads, filter(None, evals.read_text().splitlines())) if r["step"] == total_steps]
+        if not final:
+            return None
+        try:
+            verify_checkpoint(checkpoint)  # sha256 of every file: only once the run otherwise looks finished
+        except CheckpointError:
+            return None  # the normal resume path reports it and falls back to an older checkpoint
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        self._log(
+            f"{self.out_dir} is already complete: step {total_steps} of {total_steps} is checkpointed and "
+            "evaluated (eval.jsonl); nothing to do, nothing was changed."
+        )
+        record = final[-1]
+        evaluation = EvalResult(tokens=record["tokens"], loss=record["loss"], jacobi_delta=record["jacobi_delta"],
+                                sequential_gap=record["sequential_gap"])
+        return TrainResult(self.out_dir, state["step"], state["tokens"], state["compute_tokens"],
+                           state["skipped_steps"], True, evaluation)
 
     # ---- pieces of the loop ----------------------------------------------------------------------
 
