@@ -234,10 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
     p.set_defaults(func=cmd_export_hf)
+    from fullband import lm_eval_cli
+
+    lm_eval_cli.add_parser(sub)
 
     from fullband.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
+    from fullband import probe
+
+    probe.add_parser(sub)
+    from fullband.serve import cli as serve_cli
+
+    serve_cli.add_parser(sub)
     for subparser in sub.choices.values():
         subparser.allow_abbrev = False  # --train.token must not silently mean --train.tokens
     return parser

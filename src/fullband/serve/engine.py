@@ -127,7 +127,8 @@ class Engine:
         self._n_standard = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0}
+        self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0,
+                         "peak_batch": 0}
 
     # ---- interface (any thread) -----------------------------------------------------------------
 
@@ -263,6 +264,7 @@ class Engine:
             setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
         self._rows.append(seq)
         self._n_standard += standard
+        self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _new_cache(self, capacity: int) -> None:
         cache = KVCache(self.model.config, 0, capacity, self.device, self.dtype)

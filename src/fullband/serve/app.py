@@ -1,0 +1,443 @@
+"""The OpenAI-compatible HTTP API (FastAPI) in front of the continuous-batching ``Engine``.
+
+Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /health`` and
+the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry ``decode_mode``
+("standard" | "soft" | "fused") and ``fused_passes`` (the ``openai`` client sends them via ``extra_body``).
+Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fullband.data import Tokenizer
+from fullband.generation import MODES
+from fullband.loading import encode_prompt
+from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, SamplingParams, Sequence
+
+PAGE = Path(__file__).parent / "static" / "chat.html"
+MAX_STOP_STRINGS = 4
+# How often a request waiting for tokens checks whether its client is still there.
+DISCONNECT_POLL_S = 0.25
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+# ---- request bodies: pydantic checks the types, the handlers the values ---------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # unknown OpenAI fields (user, ...) are accepted and ignored
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    decode_mode: str | None = None
+    fused_passes: int | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Request):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+
+# ---- turning tokens into text, with stop strings ---------------------------------------------------------
+
+
+@dataclass
+class Choice:
+    """The text of one choice so far. Text that could be the start of a stop string is held back until it
+    is clear that it is not; a stop string ends the choice and is not part of the text."""
+
+    tokenizer: Tokenizer
+    stop: list[str]
+    ids: list[int] = field(default_factory=list)
+    sent: str = ""
+    tokens: int = 0  # tokens generated (the usage), including a final stop token
+    stopped: bool = False
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+
+    def add(self, event: Event) -> str:
+        self.tokens += 1
+        if event.logprob is not None:
+            self.logprobs.append((event.token, event.logprob, event.top_logprobs or []))
+        if not event.is_stop_token:
+            self.ids.append(event.token)
+        text = self.tokenizer.decode(self.ids)
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            return self._send(text[: min(hits)])
+        # A trailing U+FFFD is an incomplete multi-byte character: wait for its other bytes.
+        stable = text.rstrip("\ufffd")
+        holdback = max((len(s) - 1 for s in self.stop), default=0)
+        return self._send(stable[: max(len(self.sent), len(stable) - holdback)])
+
+    def flush(self) -> str:
+        return "" if self.stopped else self._send(self.tokenizer.decode(self.ids))
+
+    def _send(self, upto: str) -> str:
+        delta = upto[len(self.sent) :]
+        self.sent = upto if len(upto) >= len(self.sent) else self.sent
+        return delta
+
+
+@dataclass
+class Update:
+    index: int
+    text: str
+    event: Event
+    finish_reason: str | None
+
+
+# ---- the application -------------------------------------------------------------------------------------
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_name: str,
+    decode_mode: str = "soft",
+    fused_passes: int = 1,
+    manage_engine: bool = True,
+) -> FastAPI:
+    """The API around a (started or, with ``manage_engine``, to be started) engine."""
+    if decode_mode not in MODES:
+        raise ValueError(f"unknown decode mode {decode_mode!r}; choose one of {', '.join(MODES)}")
+    if fused_passes < 1:
+        raise ValueError(f"fused_passes must be >= 1, got {fused_passes}")
+    config = engine.model.config
+    created = int(time.time())
+    chat_error = _chat_template_error(tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_engine:
+            engine.start()
+        yield
+        if manage_engine:
+            engine.stop()
+
+    app = FastAPI(title="fullband", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return APIError(400, "the request body is not valid JSON", code="invalid_json").response()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                           for e in errors[:5])
+        return APIError(400, f"invalid request: {detail}", param=where).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {exc}", "server_error").response()
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE.read_text())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "max_model_len": config.max_seq_len, "decode_mode": decode_mode,
+                "fused_passes": fused_passes, "chat": chat_error is None, "chat_error": chat_error,
+                **engine.stats()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "fullband", "max_model_len": config.max_seq_len}]}
+
+    def check_common(req: _Request, max_tokens: int | None) -> tuple[SamplingParams, list[str]]:
+        if req.model != model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
+                           param="model", code="model_not_found")
+        if req.n < 1 or req.n > engine.max_batch:
+            raise APIError(400, f"n must be between 1 and the server's max batch {engine.max_batch}, got {req.n}",
+                           param="n")
+        if not 0 <= req.temperature <= 2:
+            raise APIError(400, f"temperature must be in [0, 2] (0 = greedy), got {req.temperature}",
+                           param="temperature")
+        if not 0 < req.top_p <= 1:
+            raise APIError(400, f"top_p must be in (0, 1], got {req.top_p}", param="top_p")
+        if max_tokens is not None and max_tokens < 1:
+            raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+        mode = req.decode_mode or decode_mode
+        if mode not in MODES:
+            raise APIError(400, f"unknown decode_mode {mode!r}; choose one of {', '.join(MODES)}",
+                           param="decode_mode")
+        passes = req.fused_passes if req.fused_passes is not None else fused_passes
+        if passes < 1:
+            raise APIError(400, f"fused_passes must be >= 1, got {passes}", param="fused_passes")
+        stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
+            raise APIError(400, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
+        params = SamplingParams(max_tokens=max_tokens or 1, mode=mode, fused_passes=passes,
+                                temperature=req.temperature, top_p=req.top_p if req.top_p < 1 else None,
+                                seed=req.seed)
+        return params, stop
+
+    def start(prompts: list[list[int]], params: SamplingParams, n: int, stop: list[str]):
+        """Queue n sequences per prompt; choice i*n + j is prompt i's j-th. Seed s gives choice j the seed s + j."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        sequences, choices = [], []
+        for i, prompt in enumerate(prompts):
+            for j in range(n):
+                index = i * n + j
+                seed = None if params.seed is None else params.seed + j
+                p = SamplingParams(**{**params.__dict__, "seed": seed})
+                sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                sequences.append(Sequence(prompt, p, sink))
+                choices.append(Choice(tokenizer, stop))
+        try:
+            engine.submit(sequences)
+        except QueueFull as exc:
+            raise APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from exc
+        except ValueError as exc:
+            param = "max_tokens" if "max_tokens" in str(exc) else None
+            raise APIError(400, str(exc), param=param) from exc
+        return sequences, choices, queue
+
+    async def updates(request: Request, sequences, choices, queue) -> AsyncIterator[Update]:
+        """The choices' text as it is generated; cancels what is left when the consumer stops or the client
+        goes away."""
+        pending = set(range(len(sequences)))
+        try:
+            while pending:
+                try:
+                    index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                if index not in pending:
+                    continue  # tokens generated after a stop string, before the cancellation took effect
+                if event.error is not None:
+                    raise APIError(500, event.error, "server_error")
+                choice = choices[index]
+                text = choice.add(event)
+                finish = "stop" if choice.stopped else event.finish_reason
+                if finish is not None:
+                    text += choice.flush()
+                    pending.discard(index)
+                    engine.cancel(sequences[index])
+                yield Update(index, text, event, finish)
+        finally:
+            for seq in sequences:
+                engine.cancel(seq)
+
+    def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion = sum(c.tokens for c in choices)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    def token_text(token: int) -> str:
+        return tokenizer.decode([token])
+
+    def completion_logprobs(entries: list[tuple[int, float, list[tuple[int, float]]]], start: int = 0):
+        tokens, offsets, offset = [], [], start
+        for token, _, _ in entries:
+            tokens.append(token_text(token))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [{token_text(t): v for t, v in top} for _, _, top in entries],
+                "text_offset": offsets}
+
+    def chat_logprobs(entries: list[tuple[int, float, list[tuple[int, float]]]]) -> dict[str, Any]:
+        def item(token: int, lp: float) -> dict[str, Any]:
+            text = token_text(token)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]}
+                            for t, lp, top in entries]}
+
+    def sse(data: dict[str, Any]) -> str:
+        return f"data: {json.dumps(data)}\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
+        params, stop = check_common(req, max_tokens)
+        if req.logprobs is not None and not 0 <= req.logprobs <= 5:
+            raise APIError(400, f"logprobs must be between 0 and 5, got {req.logprobs}", param="logprobs")
+        prompts = _prompts(req.prompt, tokenizer)
+        params = SamplingParams(**{**params.__dict__, "logprobs": req.logprobs,
+                                   "stop_token_ids": (tokenizer.eos_id,)})
+        sequences, choices, queue = start(prompts, params, req.n, stop)
+        rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "object": "text_completion", "created": now, "model": model_name}
+
+        if req.stream:
+            async def events() -> AsyncIterator[str]:
+                try:
+                    async for u in updates(request, sequences, choices, queue):
+                        lp = None
+                        if req.logprobs is not None:
+                            choice = choices[u.index]
+                            lp = completion_logprobs(choice.logprobs[-1:], len(choice.sent) - len(u.text))
+                        yield sse({**base, "choices": [{"index": u.index, "text": u.text, "logprobs": lp,
+                                                        "finish_reason": u.finish_reason}]})
+                    if (req.stream_options or {}).get("include_usage"):
+                        yield sse({**base, "choices": [], "usage": usage(prompts, choices)})
+                except APIError as exc:
+                    yield sse(exc.body())
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        finish: dict[int, str] = {}
+        async for u in updates(request, sequences, choices, queue):
+            if u.finish_reason is not None:
+                finish[u.index] = u.finish_reason
+        return {**base, "choices": [
+            {"index": i, "text": c.sent, "finish_reason": finish.get(i),
+             "logprobs": completion_logprobs(c.logprobs) if req.logprobs is not None else None}
+            for i, c in enumerate(choices)], "usage": usage(prompts, choices)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params, stop = check_common(req, max_tokens)
+        if chat_error is not None:
+            raise APIError(400, chat_error, param="messages", code="no_chat_template")
+        if not req.messages:
+            raise APIError(400, "messages must hold at least one message", param="messages")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
+        from fullband.data.chat import apply_chat_template, end_of_turn_ids
+
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
+        except ValueError as exc:
+            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
+        if max_tokens is None:  # as in OpenAI: up to the end of the context
+            max_tokens = max(1, config.max_seq_len - len(prompt))
+        stop_ids = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), tokenizer.eos_id]))
+        params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens, "stop_token_ids": stop_ids,
+                                   "logprobs": (req.top_logprobs or 0) if req.logprobs else None})
+        sequences, choices, queue = start([prompt], params, req.n, stop)
+        rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        base = {"id": rid, "created": now, "model": model_name}
+
+        if req.stream:
+            async def events() -> AsyncIterator[str]:
+                chunk = {**base, "object": "chat.completion.chunk"}
+                try:
+                    for i in range(len(sequences)):
+                        yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}]})
+                    async for u in updates(request, sequences, choices, queue):
+                        lp = chat_logprobs(choices[u.index].logprobs[-1:]) if req.logprobs else None
+                        delta = {"content": u.text} if u.text or u.finish_reason is None else {}
+                        yield sse({**chunk, "choices": [{"index": u.index, "delta": delta, "logprobs": lp,
+                                                         "finish_reason": u.finish_reason}]})
+                    if (req.stream_options or {}).get("include_usage"):
+                        yield sse({**chunk, "choices": [], "usage": usage([prompt], choices)})
+                except APIError as exc:
+                    yield sse(exc.body())
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        finish: dict[int, str] = {}
+        async for u in updates(request, sequences, choices, queue):
+            if u.finish_reason is not None:
+                finish[u.index] = u.finish_reason
+        return {**base, "object": "chat.completion", "choices": [
+            {"index": i, "message": {"role": "assistant", "content": c.sent}, "finish_reason": finish.get(i),
+             "logprobs": chat_logprobs(c.logprobs) if req.logprobs else None}
+            for i, c in enumerate(choices)], "usage": usage([prompt], choices)}
+
+    return app
+
+
+def _prompts(prompt: str | list[int] | list[str] | list[list[int]], tokenizer: Tokenizer) -> list[list[int]]:
+    """The four prompt forms of the completions API -> token-id lists (text gets the tokenizer's BOS token)."""
+    if isinstance(prompt, str):
+        return [encode_prompt(tokenizer, prompt)]
+    if not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [encode_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _chat_template_error(tokenizer: Tokenizer) -> str | None:
+    """None when chat requests can be served, else why not (returned to chat clients as a 400)."""
+    try:
+        from fullband.data.chat import apply_chat_template
+    except ImportError:
+        return "this fullband installation has no chat template support (fullband.data.chat is missing)"
+    try:
+        apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    except Exception as exc:
+        return (f"this model's tokenizer cannot format chats ({exc}); use /v1/completions, or instruction-tune "
+                "the model first (see docs/instruction-tuning.md)")
+    return None

@@ -1,0 +1,104 @@
+"""``fullband serve MODEL``: the OpenAI-compatible server with continuous batching, and the chat page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fullband.errors import CheckpointError, FullbandError
+from fullband.generation import MODES
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI API (continuous batching, every decode mode) with a chat page")
+    p.add_argument("model", help="run directory, checkpoint, model directory or Hugging Face export (export-hf)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--decode-mode", default="soft", choices=MODES,
+                   help="decode mode of requests that do not name one (default: soft)")
+    p.add_argument("--fused-passes", type=int, default=1,
+                   help="extra fused prefill passes of fused requests that do not say (default: 1)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default: 16)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="sequences waiting for a slot before requests get 429 (default: 256)")
+    p.add_argument("--model-name", help="the model id clients send (default: the model directory's name)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.add_argument("--dtype", choices=DTYPES, help="weights and KV cache dtype (default: as stored)")
+    p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        import uvicorn
+
+        from fullband.serve.app import create_app
+    except ImportError as exc:
+        raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
+    import torch
+
+    from fullband.serve.engine import Engine
+
+    if args.fused_passes < 1 or args.max_batch < 1 or args.max_queue < 0:
+        raise FullbandError("--fused-passes and --max-batch must be >= 1, --max-queue >= 0")
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model, tokenizer = load_for_serving(args.model, args.device, dtype)
+    name = args.model_name or Path(args.model).resolve().name
+    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue)
+    app = create_app(engine, tokenizer, name, decode_mode=args.decode_mode, fused_passes=args.fused_passes)
+    print(f"serving {name!r} ({model.num_parameters():,} parameters, context {model.config.max_seq_len}, "
+          f"{model.device}) on http://{args.host}:{args.port}/ (chat page) and http://{args.host}:{args.port}/v1",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def load_for_serving(path: str | Path, device: str | None = None, dtype=None):
+    """(model in eval mode, tokenizer) from anything ``fullband.loading.load_model`` accepts, or from a
+    Hugging Face export written by ``fullband export-hf`` (its ``config.json`` carries the fullband config
+    and its weights are the same tensors under ``model.``; it must hold a tokenizer.json)."""
+    from fullband.loading import default_device, load_model
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if config_file.is_file():
+        try:
+            data = json.loads(config_file.read_text())
+        except ValueError as exc:
+            raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from exc
+        if data.get("model_type") == "fullband" and isinstance(data.get("fullband"), dict):
+            return _load_hf_export(path, data, device or default_device(), dtype)
+    return load_model(path, device, dtype)
+
+
+def _load_hf_export(path: Path, data: dict, device: str, dtype):
+    from safetensors.torch import load_file
+
+    from fullband.data import load_tokenizer
+    from fullband.model import FullBandConfig, FullBandLM
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{path} has a fullband config.json but no model.safetensors")
+    state = {}
+    for name in files:
+        state.update(load_file(str(path / name)))
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    model = FullBandLM(FullBandConfig.from_dict(data["fullband"]))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights do not match the config: missing {missing}, unexpected {unexpected}")
+    if not (path / "tokenizer.json").is_file():
+        raise CheckpointError(
+            f"{path} holds no tokenizer.json (exports of byte-tokenizer models carry none); serve the fullband "
+            "model directory or checkpoint it was exported from instead")
+    stored = next(iter(state.values())).dtype
+    return model.to(device=device, dtype=dtype or stored).eval(), load_tokenizer(path)
