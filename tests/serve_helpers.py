@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from fullband.data.tokenizers import ByteTokenizer
+from fullband.data.tokenizers import ByteTokenizer, Tokenizer
 
 
 def free_port() -> int:
@@ -20,10 +20,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def save_model(model, directory: Path) -> Path:
-    """A model directory as ``fullband serve`` loads it: weights, config and a byte tokenizer."""
+def save_model(model, directory: Path, tokenizer: Tokenizer | None = None) -> Path:
+    """A model directory as ``fullband serve`` loads it: weights, config and (by default a byte) tokenizer."""
     model.save_pretrained(directory)
-    ByteTokenizer().save(directory / "tokenizer")
+    (tokenizer or ByteTokenizer()).save(directory / "tokenizer")
     return directory
 
 

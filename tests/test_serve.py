@@ -15,25 +15,26 @@ import torch
 from conftest import make_model
 from serve_helpers import Server, save_model
 
+from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.generation import generate
 from fullband.loading import encode_prompt
 
 MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 2)]
-TOK = ByteTokenizer()
+TOK = ByteTokenizer(chat=True)  # the byte tokenizer with the built-in chat template's tokens
 NAME = "tiny"
 
 
 @pytest.fixture(scope="module")
 def model():
     return make_model(seed=5, dtype=torch.float64, vocab_size=TOK.vocab_size, d_model=48, n_heads=4, n_kv_heads=2,
-                      max_seq_len=96, init_std=0.3)
+                      max_seq_len=160, init_std=0.3)
 
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
-    srv = Server(save_model(model, root / NAME), root / "server.log", "--max-batch", "6", "--dtype", "float64")
+    srv = Server(save_model(model, root / NAME, TOK), root / "server.log", "--max-batch", "6", "--dtype", "float64")
     yield srv
     srv.close()
 
@@ -60,7 +61,7 @@ def complete(client, prompt, max_tokens=20, mode="soft", passes=1, **kwargs):
 def test_models_and_health(client, server):
     assert [m.id for m in client.models.list().data] == [NAME]
     health = server.health()
-    assert health["status"] == "ok" and health["max_batch"] == 6 and health["max_model_len"] == 96
+    assert health["status"] == "ok" and health["max_batch"] == 6 and health["max_model_len"] == 160
 
 
 @pytest.mark.parametrize("mode,passes", MODES)
@@ -144,7 +145,7 @@ def test_logprobs(client, model):
 @pytest.mark.parametrize("body,param,message", [
     ({"decode_mode": "jacobi"}, "decode_mode", "unknown decode_mode"),
     ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes", "fused_passes"),
-    ({"max_tokens": 90}, "max_tokens", "exceeds the model's context length 96"),
+    ({"max_tokens": 155}, "max_tokens", "exceeds the model's context length 160"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"temperature": -1}, "temperature", "temperature"),
     ({"temperature": "hot"}, "temperature", "temperature"),
@@ -177,6 +178,51 @@ def test_malformed_json_unknown_model_and_routes(client, server):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert httpx.get(server.url + "/v1/nothing", timeout=30).json()["error"]["type"] == "not_found_error"
     assert complete(client, "still alive", 3).choices[0].finish_reason in ("stop", "length")
+
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 2?"},
+                {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3 + 3?"}]
+
+
+def expected_chat(model, messages, max_tokens: int, mode: str, passes: int) -> tuple[str, str]:
+    tokens = generate(model, [apply_chat_template(TOK, messages)], max_tokens, mode=mode,
+                      fused_passes=passes)[0].tolist()
+    ends = [i for i, t in enumerate(tokens) if t in end_of_turn_ids(TOK)]
+    return (TOK.decode(tokens[: ends[0]]), "stop") if ends else (TOK.decode(tokens), "length")
+
+
+@pytest.mark.parametrize("mode,passes", MODES)
+def test_chat_equals_generate(client, model, mode, passes, single_thread):
+    out = client.chat.completions.create(model=NAME, messages=CONVERSATION, max_tokens=30, temperature=0,
+                                         extra_body={"decode_mode": mode, "fused_passes": passes})
+    text, finish = expected_chat(model, CONVERSATION, 30, mode, passes)
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == text and out.choices[0].finish_reason == finish
+    assert out.usage.prompt_tokens == len(apply_chat_template(TOK, CONVERSATION))
+
+
+def test_chat_streaming_n_and_logprobs(client, model):
+    full = client.chat.completions.create(model=NAME, messages=CONVERSATION, max_tokens=20, temperature=0)
+    chunks = list(client.chat.completions.create(model=NAME, messages=CONVERSATION, max_tokens=20, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == full.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    # Without max_tokens a chat answer may run to the end of the context.
+    messages = [{"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}]
+    sampled = client.chat.completions.create(model=NAME, messages=messages, n=2, seed=3, temperature=1.0,
+                                             logprobs=True, top_logprobs=2)
+    assert len(sampled.choices) == 2 and sampled.choices[0].message.content != sampled.choices[1].message.content
+    assert sum(len(c.logprobs.content) for c in sampled.choices) == sampled.usage.completion_tokens
+    for choice in sampled.choices:
+        assert all(len(entry.top_logprobs) == 2 for entry in choice.logprobs.content)
+        room = model.config.max_seq_len - sampled.usage.prompt_tokens
+        assert choice.finish_reason == "stop" or (choice.finish_reason == "length"
+                                                  and len(choice.logprobs.content) == room)
+    with pytest.raises(openai.BadRequestError, match="message"):
+        client.chat.completions.create(model=NAME, messages=[], max_tokens=3)
+    with pytest.raises(openai.BadRequestError, match="role"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "robot", "content": "x"}], max_tokens=3)
 
 
 # ---- a server with one slot and no queue: 429 and disconnects -------------------------------------------------
@@ -214,3 +260,10 @@ def test_queue_full_429_and_disconnect_cancels(busy_server):
     assert health["running"] == 0 and health["cancelled"] == 1 and health["completed"] == 0
     out = httpx.post(busy_server.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 3}, timeout=30)
     assert out.status_code == 200 and json.loads(out.text)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_chat_without_template_is_refused(busy_server):
+    assert busy_server.health()["chat"] is False
+    client = openai.OpenAI(base_url=busy_server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="instruction-tun"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
