@@ -1,0 +1,106 @@
+"""Hugging Face tokenizers for exports of fullband-trained models (byte and BPE tokenizers)."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from fullband.data.chat import apply_chat_template
+from fullband.data.tokenizers import BPETokenizer, ByteTokenizer
+from fullband.generation import generate
+from fullband.hf import export_hf
+from fullband.loading import encode_prompt
+from fullband.model import FullBandConfig, FullBandLM
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["def f(x):\n    return x * 2\n", "Grüße, 世界! ✓ 🚀", "  leading spaces\tand tabs\r\n", "a<bos>b<|im_end|>c"]
+
+
+def _random_text(rng: random.Random, n: int) -> str:
+    pools = [(32, 127), (0xA0, 0x2FF), (0x370, 0x52F), (0x4E00, 0x4FFF), (0x1F300, 0x1F5FF), (9, 14)]
+    chars = []
+    for _ in range(n):
+        lo, hi = rng.choice(pools)
+        chars.append(chr(rng.randrange(lo, hi)))
+    return "".join(chars)
+
+
+def _texts() -> list[str]:
+    rng = random.Random(0)
+    return TEXTS + [_random_text(rng, rng.randrange(1, 60)) for _ in range(60)]
+
+
+def _bpe() -> BPETokenizer:
+    return BPETokenizer.train(_texts() * 3, vocab_size=400)
+
+
+TOKENIZERS = {
+    "byte": ByteTokenizer,
+    "byte-chat": lambda: ByteTokenizer().with_chat_tokens(),
+    "bpe": _bpe,
+    "bpe-chat": lambda: _bpe().with_chat_tokens(),
+}
+
+
+def _export(tmp_path, tok, name="exp"):
+    torch.manual_seed(0)
+    model = FullBandLM(FullBandConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                      max_seq_len=128)).eval()
+    with torch.no_grad():
+        model.fusion.value_proj.weight.mul_(20)  # make the fed-back state matter, so the modes differ
+    model.save_pretrained(tmp_path / "fb")
+    tok.save(tmp_path / "fb" / "tokenizer")
+    return model, export_hf(tmp_path / "fb", tmp_path / name)
+
+
+@pytest.mark.parametrize("kind", list(TOKENIZERS))
+def test_hf_tokenizer_encodes_and_decodes_as_fullband(tmp_path, kind):
+    tok = TOKENIZERS[kind]()
+    _, exp = _export(tmp_path, tok)
+    hf = transformers.AutoTokenizer.from_pretrained(exp, trust_remote_code=True)
+    assert isinstance(hf, transformers.PreTrainedTokenizerFast)
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (tok.bos_id, tok.eos_id, tok.pad_id)
+    assert len(hf) == tok.vocab_size
+    for text in _texts():
+        ids = tok.encode(text)
+        assert hf(text, add_special_tokens=False)["input_ids"] == ids, text
+        assert hf(text)["input_ids"] == encode_prompt(tok, text)
+        decoded = tok.decode(ids)
+        assert hf.decode(encode_prompt(tok, text) + [tok.eos_id], skip_special_tokens=True) == decoded
+        # Special-token strings in text are special tokens (dropped when decoding) except in the plain byte tokenizer.
+        assert decoded == text or (kind != "byte" and "<" in text)
+    generation = json.loads((exp / "generation_config.json").read_text())
+    assert generation["bos_token_id"] == tok.bos_id and generation["pad_token_id"] == tok.pad_id
+    if tok.has_chat_tokens:
+        end = tok.token_to_id("<|im_end|>")
+        assert generation["eos_token_id"] == [tok.eos_id, end]
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüße ✓\n x"},
+                    {"role": "assistant", "content": " ok\n\nfine"}, {"role": "user", "content": "again"}]
+        for gen_prompt in (True, False):
+            assert hf.apply_chat_template(messages, add_generation_prompt=gen_prompt, tokenize=True,
+                                          return_dict=False) == apply_chat_template(tok, messages, gen_prompt)
+    else:
+        assert generation["eos_token_id"] == tok.eos_id and hf.chat_template is None
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe-chat"])
+def test_pipeline_generates_as_fullband_in_every_mode(tmp_path, kind):
+    tok = TOKENIZERS[kind]()
+    model, exp = _export(tmp_path, tok)
+    pipe = transformers.pipeline("text-generation", model=str(exp), trust_remote_code=True)
+    prompt = "def add(a, b):"
+    outputs = {}
+    for mode in ("standard", "soft", "fused"):
+        want = generate(model, [encode_prompt(tok, prompt)], 12, mode=mode, fused_passes=2, eos_token_id=tok.eos_id)
+        got = pipe(prompt, max_new_tokens=12, do_sample=False, decode_mode=mode, fused_passes=2,
+                   eos_token_id=tok.eos_id, return_tensors=True)[0]["generated_token_ids"]
+        prompt_len = len(encode_prompt(tok, prompt))
+        assert list(got[:prompt_len]) == encode_prompt(tok, prompt)
+        assert list(got[prompt_len:]) == want[0].tolist()[: len(got) - prompt_len]
+        outputs[mode] = list(got[prompt_len:])
+        text = pipe(prompt, max_new_tokens=12, do_sample=False, decode_mode=mode, fused_passes=2,
+                    eos_token_id=tok.eos_id)[0]["generated_text"]
+        assert text == prompt + tok.decode(outputs[mode])
+    assert outputs["standard"] != outputs["soft"]
