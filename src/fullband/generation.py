@@ -206,6 +206,117 @@ def generate(
     return torch.stack(steps, dim=1)
 
 
+SCORINGS = ("decode", "prefill")
+
+
+@torch.no_grad()
+def score_continuations(
+    model: FullBandLM,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    mode: str = "standard",
+    fused_passes: int | str = 1,
+    scoring: str = "decode",
+    fused_tol: float = DEFAULT_FUSED_TOL,
+    fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Teacher-forced log-probabilities of each continuation given its context, batched (ragged rows).
+
+    ``scoring="decode"``: the probability ``generate`` in ``mode`` assigns to the continuation: the context
+    is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
+    mode, ``fused_passes`` may be "auto"), then the continuation tokens are fed one decode step at a time,
+    each fused with the previous step's top state (soft/fused). In standard mode, where a step carries no
+    state, the continuation goes through the cached model in one call (the same keys, values and logits).
+    ``scoring="prefill"``: ``fused_passes`` fused passes (0 = standard, or "auto") over context +
+    continuation in parallel, as in validation; ``mode`` is not used.
+
+    Returns one (log-probabilities (L,) float32, greedy (L,) bool) pair per row: the log-probability of
+    each continuation token and whether it was the most likely token at its step.
+    """
+    if scoring not in SCORINGS:
+        raise ValueError(f"unknown scoring {scoring!r}; choose one of {', '.join(SCORINGS)}")
+    if len(contexts) != len(continuations):
+        raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
+    limit = model.config.max_seq_len
+    for i, (ctx, cont) in enumerate(zip(contexts, continuations)):
+        if len(ctx) == 0 or len(cont) == 0:
+            raise ValueError(f"row {i}: context and continuation need at least one token each")
+        if len(ctx) + len(cont) - 1 > limit:
+            raise ValueError(
+                f"row {i}: context {len(ctx)} + continuation {len(cont)} - 1 tokens exceed the model's max_seq_len "
+                f"{limit}; truncate the context from the left"
+            )
+    if scoring == "prefill":
+        return _score_prefill(model, contexts, continuations, fused_passes, fused_tol, fused_max_passes)
+    ids, mask = left_pad(contexts)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    _check_args(model, ids, 0, mode, fused_passes, 0.0, None, None)
+    lengths = [len(c) for c in continuations]
+    L = max(lengths)
+    cont = torch.zeros(len(continuations), L, dtype=torch.long)
+    for i, c in enumerate(continuations):
+        cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
+    cont = cont.to(model.device)
+    _check_args(model, cont, 0, mode, fused_passes, 0.0, None, None)
+    B, T = ids.shape
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    cache = KVCache(model.config, B, T + L - 1, model.device, model.embed.weight.dtype)
+    out = model.prefill(
+        ids,
+        fused_passes if mode == "fused" else 0,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        fused_tol=fused_tol,
+        fused_max_passes=fused_max_passes,
+    )
+    next_position = positions[:, -1:] + 1
+    if mode == "standard" and L > 1:
+        rest = model(cont[:, :-1], position_ids=next_position + torch.arange(L - 1, device=model.device),
+                     past_key_values=cache, use_cache=True)
+        logits = torch.cat([out.logits[:, -1:], rest.logits], dim=1)
+    else:
+        steps, state = [out.logits[:, -1]], out.hidden[:, -1:]
+        for step in range(L - 1):  # the decode loop of generate_stream, with the continuation as the samples
+            out = model(
+                cont[:, step : step + 1],
+                feedback=None if mode == "standard" else state,
+                position_ids=next_position + step,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            steps.append(out.logits[:, -1])
+            state = out.hidden
+        logits = torch.stack(steps, dim=1)
+    return _token_scores(logits, cont, [range(n) for n in lengths])
+
+
+def _score_prefill(model, contexts, continuations, fused_passes, fused_tol, fused_max_passes):
+    full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
+    ids, mask = left_pad(full)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    _check_args(model, ids, 0, "standard", 1, 0.0, None, None)
+    out = model.prefill(ids, fused_passes, attention_mask=mask, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
+    W = ids.shape[1]
+    targets = torch.zeros(len(full), W, dtype=torch.long)
+    for i, cont in enumerate(continuations):
+        targets[i, W - len(cont) :] = torch.tensor(list(cont), dtype=torch.long)
+    # Left padding puts every row's continuation at its end: logits at W - L .. W - 1 predict its L tokens.
+    return _token_scores(out.logits, targets.to(model.device), [range(W - len(c), W) for c in continuations])
+
+
+def _token_scores(
+    logits: torch.Tensor, targets: torch.Tensor, spans: list[range]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    logprobs = logits.float().log_softmax(dim=-1)
+    picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    greedy = logits.argmax(dim=-1) == targets
+    return [(picked[i, span.start : span.stop].cpu(), greedy[i, span.start : span.stop].cpu())
+            for i, span in enumerate(spans)]
+
+
 @torch.no_grad()
 def sequential_forward(
     model: FullBandLM,
