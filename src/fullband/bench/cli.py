@@ -93,7 +93,7 @@ def load_bench_model(path: str | Path, device: str | None = None) -> tuple[Any, 
     return model.to(device or default_device()).eval(), load_tokenizer(path), None
 
 
-def _run_data_settings(run_dir: Path | None) -> dict[str, Any]:
+def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
     """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
     if run_dir is None or not (run_dir / "config.yaml").is_file():
         return {}
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> None:
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     model, tokenizer, run_dir = load_bench_model(args.model, args.device)
-    recorded = _run_data_settings(run_dir)
+    recorded = run_data_settings(run_dir)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
     tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,

@@ -54,6 +54,22 @@ class SyntheticTask:
         """True iff the completion (text generated after the prompt) carries the right result."""
         return final_answer(completion) == final_answer(example.answer)
 
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        """Per-position targets for linear probes: (character offset in the prompt, label), the label
+        being the task's running state right after reading that character. [] for tasks without one."""
+        return []
+
+
+def _move_targets(example: Example, states: list[str]) -> list[tuple[int, str]]:
+    """Targets of a `<name> <one character per move> :` prompt: the state after each move."""
+    start = example.prompt.index(" ") + 1
+    return [(start + i, state) for i, state in enumerate(states)]
+
+
+def _moves(example: Example) -> str:
+    """The moves of a `<name> <moves> :` prompt."""
+    return example.prompt.split(" ", 1)[1].removesuffix(" :")
+
 
 @dataclass(frozen=True)
 class Parity(SyntheticTask):
@@ -73,6 +89,13 @@ class Parity(SyntheticTask):
             running.append(acc)
         answer = "".join(map(str, running)) if self.trace else str(acc)
         return Example(f"parity {''.join(map(str, bits))} :", " " + answer)
+
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        states, acc = [], 0
+        for bit in _moves(example):
+            acc ^= int(bit)
+            states.append(str(acc))
+        return _move_targets(example, states)
 
 
 @dataclass(frozen=True)
@@ -127,6 +150,23 @@ class S5(SyntheticTask):
         answer = " " + " ".join(states) + " => " + states[-1] if self.trace else " " + states[-1]
         return Example(prompt, answer)
 
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        """The state (one-line notation) after each move, at the move's last character."""
+        moves, start = _moves(example), example.prompt.index(" ") + 1
+        gens = self.group_generators()
+        if self.generators:
+            spans = [(start + i, gens["abcdefgh".index(m)]) for i, m in enumerate(moves)]
+        else:
+            spans, offset = [], start
+            for word in moves.split(" "):
+                spans.append((offset + len(word) - 1, [int(x) for x in word]))
+                offset += len(word) + 1
+        state, out = list(range(self.degree)), []
+        for offset, p in spans:
+            state = [p[x] for x in state]
+            out.append((offset, "".join(map(str, state))))
+        return out
+
 
 @dataclass(frozen=True)
 class S3(S5):
@@ -160,6 +200,19 @@ class Registers(SyntheticTask):
         query = rng.choice(sorted(latest))
         prompt = "regs " + " ".join(f"{r}={v}" for r, v in writes) + f" ? {query} :"
         return Example(prompt, f" {latest[query]}")
+
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        """At each write's value: the latest value of register `a` so far (`-` before its first write),
+        a state the model must carry across writes to other registers."""
+        out, value = [], "-"
+        writes = example.prompt.removeprefix("regs ").split(" ? ")[0]
+        offset = len("regs ")
+        for write in writes.split(" "):
+            if write[0] == "a":
+                value = write[2]
+            out.append((offset + 2, value))
+            offset += len(write) + 1
+        return out
 
 
 @dataclass(frozen=True)
@@ -219,6 +272,13 @@ class SumMod(SyntheticTask):
             states.append(str(acc))
         return Example(f"summod {''.join(map(str, digits))} :", _state_answer(states, self.trace))
 
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        states, acc = [], 0
+        for d in _moves(example):
+            acc = (acc + int(d)) % self.modulus
+            states.append(str(acc))
+        return _move_targets(example, states)
+
 
 @dataclass(frozen=True)
 class FlipFlop(SyntheticTask):
@@ -248,6 +308,13 @@ class FlipFlop(SyntheticTask):
             states.append(bit)
         return Example(f"flipflop {''.join(steps)} :", _state_answer(states, self.trace))
 
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        states, bit = [], ""
+        for step in _moves(example):
+            bit = bit if step == "." else step
+            states.append(bit)
+        return _move_targets(example, states)
+
 
 @dataclass(frozen=True)
 class Cycle(SyntheticTask):
@@ -273,9 +340,68 @@ class Cycle(SyntheticTask):
             states.append(str(pos))
         return Example(f"cycle {''.join(steps)} :", _state_answer(states, self.trace))
 
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        states, pos = [], 0
+        for step in _moves(example):
+            pos = (pos + {"+": 1, "-": -1, "=": 0}[step]) % self.size
+            states.append(str(pos))
+        return _move_targets(example, states)
+
+
+@dataclass(frozen=True)
+class Completion(SyntheticTask):
+    """Completion tracking: a checklist of the first `items` letters; each step marks one letter done
+    (repeats allowed); the state is how many distinct letters are done, and the answer is that count at
+    the end: `completion 4 : bdbad : 3`. Lengths are drawn so that about half the lists get complete."""
+
+    name = "completion"
+    items: int = 4
+    min_len: int = 2
+    max_len: int = 16
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.items <= 9:
+            raise ConfigError(f"Synthetic task completion: items must be 2..9 (one digit per count), got {self.items}.")
+
+    def generate(self, rng: random.Random) -> Example:
+        letters = "abcdefghi"[: self.items]
+        steps = "".join(rng.choice(letters) for _ in range(rng.randint(self.min_len, self.max_len)))
+        return Example(f"completion {self.items} : {steps} :", f" {len(set(steps))}")
+
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        steps = example.prompt.split(" : ")[1].removesuffix(" :")
+        start = example.prompt.index(" : ") + 3
+        return [(start + i, str(len(set(steps[: i + 1])))) for i in range(len(steps))]
+
+
+@dataclass(frozen=True)
+class Delayed(SyntheticTask):
+    """Delayed memory: a stream of digits; the state at each step is the digit read `delay` steps earlier,
+    and the answer is that digit at the end: `delayed 3 : 4819237 :` -> ` 9` (the digit 3 steps before
+    the last one, counting the last as 0 steps before)."""
+
+    name = "delayed"
+    delay: int = 3
+    min_len: int = 8
+    max_len: int = 32
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.delay < self.min_len:
+            raise ConfigError(f"Synthetic task delayed: need 1 <= delay < min_len, got delay={self.delay}.")
+
+    def generate(self, rng: random.Random) -> Example:
+        digits = "".join(str(rng.randint(0, 9)) for _ in range(rng.randint(self.min_len, self.max_len)))
+        return Example(f"delayed {self.delay} : {digits} :", f" {digits[-1 - self.delay]}")
+
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        digits = example.prompt.split(" : ")[1].removesuffix(" :")
+        start = example.prompt.index(" : ") + 3
+        return [(start + i, digits[i - self.delay]) for i in range(self.delay, len(digits))]
+
 
 SYNTHETIC_TASKS: dict[str, SyntheticTask] = {
-    t.name: t for t in (Parity(), S5(), S3(), Registers(), Addition(), SumMod(), FlipFlop(), Cycle())
+    t.name: t for t in (Parity(), S5(), S3(), Registers(), Addition(), SumMod(), FlipFlop(), Cycle(), Completion(),
+                        Delayed())
 }
 
 # The tasks whose answer is a running state after a sequence of moves (each takes `trace=false` for the
