@@ -234,9 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
     p.set_defaults(func=cmd_export_hf)
-    from fullband import lm_eval_cli
+    from fullband import jacobi, lm_eval_cli
 
     lm_eval_cli.add_parser(sub)
+    jacobi.add_parser(sub)
 
     from fullband.bench import cli as bench_cli
 

@@ -1,0 +1,218 @@
+"""Jacobi diagnostics: how the multi-pass (Jacobi) iteration of the feedback recurrence converges, pass by pass.
+
+``fullband jacobi MODEL --passes 1000 --out DIR``: for k = 0..N fused passes over held-out sequences (teacher
+forced, every position fused with the previous pass's top state, document starts plain), the loss and the
+relative state change ||h^(k) - h^(k-1)|| / ||h^(k-1)||, both on positions >= k only: after k fused passes
+positions 0..k already equal the exact recurrence, so including them would dilute later passes toward the
+sequential value. The exact sequential recurrence (one position at a time) is the reference, restricted to
+the same positions. Memory is that of one pass: only the previous pass's top states are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from fullband.data.shards import IGNORE_INDEX
+from fullband.errors import FullbandError
+from fullband.generation import sequential_forward
+from fullband.model import FullBandLM, shift_right
+
+if TYPE_CHECKING:
+    from fullband.data.shards import Batch
+
+
+@dataclass
+class JacobiCurve:
+    """Per number of fused passes k (index k of every list): the diagnostics on positions >= k."""
+
+    passes: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)  # mean next-token loss after k fused passes
+    sequential_loss: list[float | None] = field(default_factory=list)  # the exact recurrence, same positions
+    relative_change: list[float | None] = field(default_factory=list)  # mean ||h^k - h^(k-1)|| / ||h^(k-1)||
+    relative_change_max: list[float | None] = field(default_factory=list)  # the largest such change
+    sequential_gap: list[float | None] = field(default_factory=list)  # mean ||h^k - h_seq|| / ||h_seq||
+    targets: list[int] = field(default_factory=list)  # scored targets behind each loss
+    sequences: int = 0
+    seq_len: int = 0
+
+
+class _Sums:
+    """Running sums over batches for one k."""
+
+    def __init__(self) -> None:
+        self.loss = self.seq_loss = self.change = self.gap = 0.0
+        self.change_max = 0.0
+        self.targets = self.positions = 0
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(B, T) per-position ||a - b|| / ||b||."""
+    return (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
+
+
+@torch.no_grad()
+def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, sequential: bool = True) -> JacobiCurve:
+    """The diagnostics for k = 0..min(passes, T - 1) over ``batches`` (positions >= k exist up to T - 1)."""
+    if passes < 0:
+        raise FullbandError(f"passes={passes} must be >= 0")
+    was_training = model.training
+    model.eval()
+    sums: list[_Sums] = []
+    curve = JacobiCurve()
+    for batch in batches:
+        batch = batch.to(model.device)
+        ids, targets = batch.input_ids, batch.targets
+        B, T = ids.shape
+        curve.sequences += B
+        curve.seq_len = T
+        plain = batch.plain_mask.clone()
+        plain[:, 0] = True
+        if batch.segment_ids is not None:  # isolated documents start plain, as in FullBandLM.multipass
+            plain[:, 1:] |= batch.segment_ids[:, 1:] != batch.segment_ids[:, :-1]
+        valid = targets != IGNORE_INDEX
+        seq_losses = seq_hidden = None
+        if sequential:
+            seq_logits, seq_hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=batch.segment_ids)
+            seq_losses = _token_losses(seq_logits, targets)
+            del seq_logits
+        last = min(passes, T - 1)
+        while len(sums) <= last:
+            sums.append(_Sums())
+        previous = None
+        for k in range(last + 1):
+            out = model(ids, feedback=None if previous is None else shift_right(previous),
+                        plain_mask=None if previous is None else plain, segment_ids=batch.segment_ids)
+            losses = _token_losses(out.logits, targets)
+            s, mask = sums[k], valid[:, k:]
+            s.targets += int(mask.sum())
+            s.positions += B * (T - k)
+            s.loss += float(losses[:, k:][mask].sum())
+            if seq_losses is not None:
+                s.seq_loss += float(seq_losses[:, k:][mask].sum())
+                s.gap += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
+            if previous is not None:
+                change = _relative(out.hidden[:, k:], previous[:, k:])
+                s.change += float(change.sum())
+                s.change_max = max(s.change_max, float(change.max()))
+            previous = out.hidden
+            del out, losses  # one pass's logits at a time
+    model.train(was_training)
+    for k, s in enumerate(sums):
+        curve.passes.append(k)
+        curve.targets.append(s.targets)
+        curve.loss.append(s.loss / s.targets if s.targets else None)
+        curve.sequential_loss.append(s.seq_loss / s.targets if sequential and s.targets else None)
+        curve.sequential_gap.append(s.gap / s.positions if sequential else None)
+        curve.relative_change.append(s.change / s.positions if k > 0 else None)
+        curve.relative_change_max.append(s.change_max if k > 0 else None)
+    return curve
+
+
+def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, T) next-token losses (0 where the target is ignored)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="none").view(targets.shape)
+
+
+def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_change) = plt.subplots(1, 2, figsize=(11, 4))
+    ks = curve.passes
+    ax_loss.plot(ks, curve.loss, marker=".", label="fused(k) passes")
+    if any(v is not None for v in curve.sequential_loss):
+        ax_loss.plot(ks, curve.sequential_loss, linestyle="--", color="black", label="exact sequential")
+    ax_loss.set_ylabel("loss on positions >= k")
+    ax_change.plot(ks[1:], curve.relative_change[1:], marker=".", label="mean ||h(k) - h(k-1)|| / ||h(k-1)||")
+    ax_change.plot(ks[1:], curve.relative_change_max[1:], marker=".", alpha=0.6, label="max over positions")
+    if any(v is not None for v in curve.sequential_gap):
+        ax_change.plot(ks, curve.sequential_gap, linestyle="--", label="mean ||h(k) - h_seq|| / ||h_seq||")
+    ax_change.set_yscale("log")
+    ax_change.set_ylabel("relative change on positions >= k")
+    for ax in (ax_loss, ax_change):
+        ax.set_xscale("symlog", linthresh=1)  # log-scaled pass axis that still shows k = 0
+        ax.set_xlabel("fused passes k")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_curve(curve: JacobiCurve) -> str:
+    """A table at k = 0, 1, 2, 3, 5, 10, 20, 50, 100, ... and the last k."""
+    n = len(curve.passes)
+    marks = [0, 1, 2, 3] + [base * 10**e for e in range(6) for base in (5, 10, 20)]
+    shown = sorted({k for k in marks if k < n} | {n - 1})
+    fmt = lambda v: "" if v is None else f"{v:.4g}"
+    lines = ["| k | loss | sequential | mean change | max change | gap to sequential |", "|---" * 6 + "|"]
+    for k in shown:
+        lines.append(f"| {k} | {fmt(curve.loss[k])} | {fmt(curve.sequential_loss[k])} | "
+                     f"{fmt(curve.relative_change[k])} | {fmt(curve.relative_change_max[k])} | "
+                     f"{fmt(curve.sequential_gap[k])} |")
+    return "\n".join(lines)
+
+
+# ---- command line ---------------------------------------------------------------------------------
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("jacobi", help="loss and state change per fused pass, up to N passes (JSON + PNG)")
+    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    p.add_argument("--passes", type=int, default=100, help="largest number of fused passes k (default: 100)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (jacobi.json, jacobi.png)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="prepared dataset (default: the one the checkpoint was trained on)")
+    p.add_argument("--split", default="val", help="dataset split (default: val)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
+    p.add_argument("--batches", type=int, default=2, help="number of batches (default: 2)")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    p.add_argument("--no-sequential", action="store_true", help="skip the exact sequential reference")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from fullband.data import load_tokenizer, open_dataset
+    from fullband.loading import default_data_dir, default_device
+    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
+    model_dir = resolve_model_dir(args.checkpoint)
+    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(model_dir)
+    dataset = open_dataset(data_dir)
+    tokenizer_dir = find_tokenizer_dir(model_dir)
+    if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
+        raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
+    model = FullBandLM.from_pretrained(model_dir, device=args.device or default_device())
+    seq_len = args.seq_len or min(model.config.max_seq_len, 256)
+    if seq_len > model.config.max_seq_len:
+        raise FullbandError(f"--seq-len {seq_len} exceeds the model's max_seq_len {model.config.max_seq_len}")
+    if args.passes >= seq_len:
+        print(f"note: positions >= k exist up to k = {seq_len - 1} with --seq-len {seq_len}; stopping there "
+              "(every position is exact after seq_len - 1 passes)", file=sys.stderr)
+    batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
+    curve = jacobi_curve(model, batches, args.passes, sequential=not args.no_sequential)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"model": str(model_dir), "data_dir": str(data_dir), "split": args.split, **asdict(curve)}
+    (out / "jacobi.json").write_text(json.dumps(record, indent=1) + "\n")
+    plot_curve(curve, out / "jacobi.png", f"{model_dir} · {curve.sequences} sequences × {curve.seq_len} tokens")
+    print(format_curve(curve))
+    print(f"wrote {out / 'jacobi.json'} and {out / 'jacobi.png'}")
