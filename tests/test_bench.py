@@ -230,3 +230,17 @@ def test_cli_bad_input(model_dir, tmp_path, capsys, monkeypatch):
     _fails(["bench", broken, "--task", PARITY, "--out", tmp_path / "o2"], capsys, "unreadable")
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what an environment without the extra sees
     _fails(base + ["--task", "rg:basic_arithmetic"], capsys, "pip install 'fullband[eval]'")
+
+
+def test_hf_export_gives_the_same_samples(model_dir, tmp_path, capsys):
+    """A directory written by ``fullband export-hf`` benchmarks exactly like the model it came from."""
+    pytest.importorskip("transformers")
+    from fullband.hf import export_hf
+
+    export = export_hf(model_dir, tmp_path / "export")
+    common = ["--task", PARITY, "--modes", "standard,soft,fused:1", "--limit", "4", "--device", "cpu",
+              "--no-progress", "--no-plots"]
+    assert main(["bench", str(model_dir), "--out", str(tmp_path / "a"), *common]) == 0
+    assert main(["bench", str(export), "--out", str(tmp_path / "b"), *common]) == 0
+    capsys.readouterr()
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
