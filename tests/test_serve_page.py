@@ -1,0 +1,89 @@
+"""The chat page (``GET /``) in a real headless browser: Debian's chromium driven by Playwright's Python API.
+
+Skipped, with the reason shown in pytest's summary, when Playwright or the browser is missing or cannot start
+(``.ci/run`` installs chromium). A screenshot is kept in tests/artifacts/serve_page.png.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import make_model
+from serve_helpers import Server, save_model
+
+from fullband.data.tokenizers import ByteTokenizer
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).parent / "artifacts"
+MODES = ("standard", "soft", "fused")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    if not Path(CHROMIUM).is_file() and shutil.which("chromium") is None:
+        pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install -y chromium)")
+    with sync_api.sync_playwright() as playwright:
+        try:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        except Exception as exc:  # Playwright reports a failed launch with its own error types
+            pytest.skip(f"chromium could not be launched: {str(exc).splitlines()[0]}")
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tokenizer = ByteTokenizer(chat=True)
+    model = make_model(seed=8, dtype=torch.float64, vocab_size=tokenizer.vocab_size, d_model=48, max_seq_len=256)
+    root = tmp_path_factory.mktemp("page")
+    srv = Server(save_model(model, root / "tiny", tokenizer), root / "server.log", "--dtype", "float64")
+    yield srv
+    srv.close()
+
+
+def api_text(server: Server, prompt: str, mode: str, max_tokens: int) -> str:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "decode_mode": mode,
+            "fused_passes": 1}
+    return httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+
+def test_page_streams_three_modes_side_by_side(browser, server):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.goto(server.url + "/")
+    page.wait_for_selector("body[data-state=ready]", timeout=30_000)
+    assert "tiny" in page.inner_text("#model-info")
+
+    prompt = "def add(a, b):"
+    page.fill("#prompt", prompt)
+    page.fill("#max-tokens", "40")
+    page.click("#send")
+    page.wait_for_selector("body[data-state=done]", timeout=60_000)
+    for mode in MODES:
+        column = page.locator(f"#col-{mode}")
+        assert column.get_attribute("data-done") == "true", column.inner_text()
+        # What the page shows is what the API answers for that mode (greedy).
+        assert page.locator(f".answer[data-mode={mode}]").text_content() == api_text(server, prompt, mode, 40)
+        stats = column.locator(".stats").inner_text()
+        assert "tok/s" in stats and "finish:" in stats, stats
+
+    # Chat: each column keeps its own conversation.
+    page.check("#kind-chat")
+    page.fill("#prompt", "Say hi.")
+    page.click("#send")
+    page.wait_for_selector("body[data-state=done]", timeout=60_000)
+    for mode in MODES:
+        column = page.locator(f"#col-{mode}")
+        assert column.get_attribute("data-done") == "true", column.inner_text()
+        assert column.locator(".turn.user").count() == 1 and column.locator(".turn.assistant").count() == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "serve_page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    print(f"screenshot: {shot}")
+    page.close()
