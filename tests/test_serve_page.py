@@ -27,11 +27,12 @@ MODES = ("standard", "soft", "fused")
 @pytest.fixture(scope="module")
 def browser():
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    if not Path(CHROMIUM).is_file() and shutil.which("chromium") is None:
+    executable = CHROMIUM if Path(CHROMIUM).is_file() else shutil.which("chromium")
+    if executable is None:
         pytest.skip(f"no browser: {CHROMIUM} is missing (apt-get install -y chromium)")
     with sync_api.sync_playwright() as playwright:
         try:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+            browser = playwright.chromium.launch(executable_path=executable, args=FLAGS, headless=True)
         except Exception as exc:  # Playwright reports a failed launch with its own error types
             pytest.skip(f"chromium could not be launched: {str(exc).splitlines()[0]}")
         yield browser
