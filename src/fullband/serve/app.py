@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /health`` and
 the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry ``decode_mode``
-("standard" | "soft" | "fused") and ``fused_passes`` (the ``openai`` client sends them via ``extra_body``).
+("standard" | "soft" | "fused") and ``fused_passes`` (the ``openai`` client sends them via ``extra_body``), and
+completions ``ignore_eos`` (as in vLLM).
 Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -71,6 +72,7 @@ class _Request(BaseModel):
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
+    ignore_eos: bool = False  # as in vLLM: generate max_tokens tokens whatever the model says (benchmarks)
 
 
 class TextPart(BaseModel):
@@ -328,7 +330,7 @@ def create_app(
             raise APIError(400, f"logprobs must be between 0 and 5, got {req.logprobs}", param="logprobs")
         prompts = _prompts(req.prompt, tokenizer)
         params = SamplingParams(**{**params.__dict__, "logprobs": req.logprobs,
-                                   "stop_token_ids": (tokenizer.eos_id,)})
+                                   "stop_token_ids": () if req.ignore_eos else (tokenizer.eos_id,)})
         sequences, choices, queue = start(prompts, params, req.n, stop)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": now, "model": model_name}
