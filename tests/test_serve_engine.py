@@ -3,6 +3,8 @@ when requests of every decode mode join and leave a running batch at arbitrary s
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from conftest import make_model, reference_decode
@@ -136,3 +138,33 @@ def test_bad_requests_are_refused_before_queueing():
         with pytest.raises(ValueError, match=message):
             engine.submit([collect(prompt, params)[0]])
     assert engine.stats()["waiting"] == 0
+
+
+def test_a_failing_step_fails_its_sequences_and_the_scheduler_goes_on(single_thread, monkeypatch):
+    model = make_model(seed=0, max_seq_len=32)
+    engine = Engine(model, max_batch=4)
+    engine.start()
+    try:
+        real_forward = engine._forward
+
+        def broken_forward(tokens):
+            monkeypatch.setattr(engine, "_forward", real_forward)  # fail once
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(engine, "_forward", broken_forward)
+        done = threading.Event()
+        events: list = []
+        seq = Sequence([1, 2], SamplingParams(max_tokens=5), lambda e: (events.append(e), e.error and done.set()))
+        engine.submit([seq])
+        assert done.wait(30)
+        assert "boom" in events[-1].error and engine.stats()["failed"] == 1 and engine.stats()["running"] == 0
+
+        finished = threading.Event()
+        later: list = []
+        seq = Sequence([1, 2], SamplingParams(max_tokens=5),
+                       lambda e: (later.append(e), e.finish_reason and finished.set()))
+        engine.submit([seq])
+        assert finished.wait(30)
+        assert [e.token for e in later] == reference(model, [1, 2], seq.params)
+    finally:
+        engine.stop()

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data import Tokenizer
+from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.generation import MODES
 from fullband.loading import encode_prompt
 from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, SamplingParams, Sequence
@@ -372,8 +373,6 @@ def create_app(
             raise APIError(400, "messages must hold at least one message", param="messages")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
-        from fullband.data.chat import apply_chat_template, end_of_turn_ids
-
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         try:
             prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
@@ -433,10 +432,6 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]], tokenizer: T
 
 def _chat_template_error(tokenizer: Tokenizer) -> str | None:
     """None when chat requests can be served, else why not (returned to chat clients as a 400)."""
-    try:
-        from fullband.data.chat import apply_chat_template
-    except ImportError:
-        return "this fullband installation has no chat template support (fullband.data.chat is missing)"
     try:
         apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
     except Exception as exc:
