@@ -344,11 +344,11 @@ class Engine:
                 event.finish_reason, event.is_stop_token = "stop", True
             elif seq.generated >= seq.params.max_tokens:
                 event.finish_reason = "length"
-            seq.sink(event)
             if event.finish_reason is not None:
-                self._finish(seq, "completed")
+                self._finish(seq, "completed")  # before the client hears of it, so /health agrees
             else:
                 keep.append(i)
+            seq.sink(event)
         return keep
 
     def _finish(self, seq: Sequence, counter: str) -> None:
