@@ -156,7 +156,9 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         with self._cond:
-            return {"running": len(self._rows), "waiting": len(self._waiting), "max_batch": self.max_batch,
+            # A row that has sent its last token leaves the batch a moment later; it no longer counts.
+            running = sum(not s.finished for s in self._rows)
+            return {"running": running, "waiting": len(self._waiting), "max_batch": self.max_batch,
                     "max_queue": self.max_queue, **self.counters}
 
     def start(self) -> None:
