@@ -1,0 +1,307 @@
+"""State tracking with the final answer only: does the FBT's exact recurrence over the prompt
+length-generalise where a transformer does not?
+
+Each task is a sequence of moves whose answer is the final state (`parity 1101001 : 0`, S5 words of
+generator letters, ...; `fullband.data.synthetic.state_tracking_task`). Models are trained on 1..L moves
+and tested on exactly L, 2L, 4L and 8L moves (the same held-out rows for every model and seed).
+
+Models, all with the architecture of the `state-tracking` preset:
+  fbt               trained with K = sequence length passes (the exact recurrence over the whole prompt;
+                    gradient through the last `--grad-passes` only), length curriculum, loss on the answer
+  baseline          one pass, full attention, same steps and tokens
+  baseline_compute  as baseline, trained for as many steps as the FBT's token-equivalent compute
+                    (tokens × mean passes)
+Modes: `exact` = the exact recurrence (`sequential_forward`; fused prefill with passes >= prompt length
+computes the same), `plain` = one ordinary pass. A row is correct when every answer token is the
+argmax given the prompt and the previous answer tokens, i.e. greedy decoding reproduces the answer.
+
+    python benchmarks/state_tracking.py                   # all tasks, seeds 0 1 2 (resumes)
+    python benchmarks/state_tracking.py --quick           # tiny, for the test suite
+    python benchmarks/state_tracking.py --summary-only    # tables and plot from the JSONL
+
+Results append to a JSON-lines file (one line per task, seed and model), so an interrupted run resumes
+where it stopped; the summary (mean ± sd over seeds, paired differences) is printed as markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fullband.config import RunConfig, load_config
+from fullband.data import ByteTokenizer
+from fullband.data.synthetic import STATE_TRACKING_TASKS, state_tracking_task, synthetic_examples
+from fullband.generation import sequential_forward
+from fullband.loading import PRESET_DIR
+from fullband.model import FullBandLM
+
+MODELS = ("fbt", "baseline", "baseline_compute")
+MULTIPLES = (1, 2, 4, 8)
+IGNORE = -100
+
+
+def encode_batch(examples: list, tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """[bos] prompt answer \\n for rows of equal length; labels on the answer and its newline only."""
+    rows, labels = [], []
+    for ex in examples:
+        prompt, answer = tok.encode(ex.prompt), tok.encode(ex.answer + "\n")
+        ids = [tok.bos_id, *prompt, *answer]
+        rows.append(ids)
+        # label at position i is token i+1: the answer tokens are predicted from the position before each
+        labels.append([IGNORE] * len(prompt) + answer + [IGNORE])
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("a batch must hold rows of one length (same number of moves)")
+    return torch.tensor(rows), torch.tensor(labels)
+
+
+def answer_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: every answer token (not the closing newline) is the argmax."""
+    graded = labels != IGNORE
+    graded[:, -2] = False  # the position predicting the newline: the answer ends before it
+    right = (logits.argmax(-1) == labels) | ~graded
+    return right.all(dim=1)
+
+
+def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> int:
+    """Longest move count allowed at a step: grows linearly from 2 to L over the first `fraction`."""
+    if fraction <= 0:
+        return train_len
+    return max(2, min(train_len, round(2 + (train_len - 2) * step / (fraction * steps))))
+
+
+def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
+    model_config = config.model
+    if kind != "fbt":  # the baseline is an ordinary transformer: full attention
+        model_config = type(model_config).from_dict({**model_config.to_dict(), "sliding_window": None})
+    torch.manual_seed(seed)
+    return FullBandLM(model_config)
+
+
+def train_model(task: str, kind: str, seed: int, config: RunConfig, args, steps: int) -> tuple[FullBandLM, dict]:
+    tok = ByteTokenizer()
+    model = build_model(config, kind, seed)
+    t = config.train
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
+    rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
+    passes_total, tokens, started = 0, 0, time.perf_counter()
+    model.train()
+    for step in range(steps):
+        lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
+        decay_start = int(steps * (1 - t.decay_fraction))
+        if step >= decay_start:
+            lr *= max(0.0, (steps - step) / max(1, steps - decay_start))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        n = rng.randint(1, curriculum_max(step, steps, args.train_len, args.curriculum))
+        examples = synthetic_examples(state_tracking_task(task, n, n), args.batch_size, rng.randrange(2**31))
+        ids, labels = encode_batch(examples, tok)
+        # K = T passes: position T-1 (the last one with a label) then sees the exact recurrence.
+        passes = ids.shape[1] if kind == "fbt" else 1
+        grad_passes = min(passes, args.grad_passes) if args.grad_passes > 0 else None
+        out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
+                              later_pass_weight=t.later_pass_weight)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        passes_total += passes
+        tokens += ids.numel()
+    model.eval()
+    info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
+            "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1)}
+    return model, info
+
+
+@torch.no_grad()
+def evaluate(model: FullBandLM, task: str, args, modes: tuple[str, ...]) -> dict:
+    """Per multiple of L and per mode: the per-row correctness as a 0/1 string (rows are shared by all
+    models and seeds, so differences can be paired)."""
+    tok, results = ByteTokenizer(), {}
+    for m in MULTIPLES[: args.max_multiple_index]:
+        n = m * args.train_len
+        ids, labels = encode_batch(synthetic_examples(state_tracking_task(task, n, n), args.eval_rows, 10_000 + m), tok)
+        results[str(m)] = {}
+        for mode in modes:
+            logits = sequential_forward(model, ids)[0] if mode == "exact" else model(ids).logits
+            results[str(m)][mode] = "".join("1" if c else "0" for c in answer_correct(logits, labels).tolist())
+    return results
+
+
+def done_keys(path: Path) -> set[tuple]:
+    if not path.exists():
+        return set()
+    return {(r["task"], r["seed"], r["model"]) for r in map(json.loads, path.read_text().splitlines())}
+
+
+def accuracy(bits: str) -> float:
+    return bits.count("1") / len(bits)
+
+
+def mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def summarise(path: Path) -> str:
+    """Markdown: accuracy mean ± sd over seeds per task, model/mode and length; paired differences."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = []
+    for task in dict.fromkeys(r["task"] for r in records):
+        rows = [r for r in records if r["task"] == task]
+        multiples = list(rows[0]["eval"])
+        seeds = sorted({r["seed"] for r in rows})
+        lines += [f"\n### {task} (train on 1..{rows[0]['train_len']} moves; seeds {seeds})\n",
+                  "| model / mode | tokens | tokens × mean passes | " + " | ".join(f"{m}×L" for m in multiples) + " |",
+                  "|---" * (3 + len(multiples)) + "|"]
+        for kind in MODELS:
+            runs = [r for r in rows if r["model"] == kind]
+            if not runs:
+                continue
+            for mode in runs[0]["eval"][multiples[0]]:
+                cells = [mean_sd([accuracy(r["eval"][m][mode]) for r in runs]) for m in multiples]
+                tok = statistics.mean(r["train"]["tokens"] for r in runs)
+                comp = statistics.mean(r["train"]["compute_tokens"] for r in runs)
+                lines.append(f"| {kind} {mode} | {tok:,.0f} | {comp:,.0f} | " + " | ".join(cells) + " |")
+        fbt = {r["seed"]: r for r in rows if r["model"] == "fbt"}
+        pairs = [("fbt exact − fbt plain", "fbt", "exact", "fbt", "plain"),
+                 ("fbt exact − baseline", "fbt", "exact", "baseline", "plain"),
+                 ("fbt exact − baseline_compute", "fbt", "exact", "baseline_compute", "plain")]
+        for label, ka, ma, kb, mb in pairs:
+            other = {r["seed"]: r for r in rows if r["model"] == kb}
+            common = sorted(set(fbt) & set(other))
+            if not common or ka != "fbt":
+                continue
+            cells = []
+            for m in multiples:
+                diffs = []
+                for s in common:  # per seed: the mean over the same rows of (correct_a − correct_b)
+                    a, b = fbt[s]["eval"][m][ma], other[s]["eval"][m][mb]
+                    diffs.append(sum(int(x) - int(y) for x, y in zip(a, b)) / len(a))
+                cells.append(mean_sd(diffs))
+            lines.append(f"| paired: {label} | | | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(path: Path, out: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    cols = min(3, len(tasks))
+    rows_n = (len(tasks) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
+    styles = {("fbt", "exact"): "C0-o", ("fbt", "plain"): "C0:x", ("baseline", "plain"): "C1-s",
+              ("baseline_compute", "plain"): "C2--^"}
+    for ax, task in zip(axes.flat, tasks):
+        rows = [r for r in records if r["task"] == task]
+        train_len = rows[0]["train_len"]
+        for (kind, mode), style in styles.items():
+            runs = [r for r in rows if r["model"] == kind and mode in r["eval"][next(iter(r["eval"]))]]
+            if not runs:
+                continue
+            multiples = list(runs[0]["eval"])
+            accs = [[accuracy(r["eval"][m][mode]) for r in runs] for m in multiples]
+            means = [statistics.mean(a) for a in accs]
+            sds = [statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs]
+            ax.errorbar([int(m) * train_len for m in multiples], means, yerr=sds, fmt=style, capsize=3,
+                        label=f"{kind} {mode}")
+        ax.axvline(train_len, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{task} (trained on ≤ {train_len} moves)")
+        ax.set_xlabel("moves in the prompt")
+        ax.set_ylabel("exact-match accuracy")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", default=",".join(STATE_TRACKING_TASKS), help="comma-separated tasks")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--preset", default="state-tracking", help="preset (model and optimiser settings)")
+    p.add_argument("--train-len", type=int, default=16, help="L: training prompts have 1..L moves")
+    p.add_argument("--steps", type=int, default=1500, help="optimizer steps of fbt and baseline")
+    p.add_argument("--grad-passes", type=int, default=0, help="FBT: backpropagate through the last N passes (0 = all)")
+    p.add_argument("--curriculum", type=float, default=0.5, help="fraction of steps over which max length grows")
+    p.add_argument("--eval-rows", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="benchmarks/results/state_tracking.jsonl")
+    p.add_argument("--plot", default="docs/state_tracking.png")
+    p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
+    args = p.parse_args(argv)
+    args.max_multiple_index = len(MULTIPLES)
+    if args.quick:
+        args.train_len, args.steps, args.eval_rows, args.seeds = 4, 6, 8, args.seeds[:1]
+        args.max_multiple_index = 2
+    unknown = set(args.tasks.split(",")) - set(STATE_TRACKING_TASKS)
+    if unknown:
+        p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)}")
+    if set(args.models.split(",")) - set(MODELS):
+        p.error(f"--models: choose from {', '.join(MODELS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    config = load_config(PRESET_DIR / f"{args.preset}.yaml")
+    args.batch_size = args.batch_size or config.train.batch_size
+    if not args.summary_only:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for task in args.tasks.split(","):
+            for seed in args.seeds:
+                fbt_compute = None
+                for kind in args.models.split(","):
+                    if (task, seed, kind) in done_keys(out):
+                        continue
+                    steps = args.steps
+                    if kind == "baseline_compute":
+                        fbt = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+                        fbt = [r for r in fbt if (r["task"], r["seed"], r["model"]) == (task, seed, "fbt")]
+                        if not fbt:
+                            print(f"skip baseline_compute {task} seed {seed}: needs the fbt run first", file=sys.stderr)
+                            continue
+                        fbt_compute = fbt[0]["train"]["mean_passes"]
+                        steps = round(args.steps * fbt_compute)
+                    model, info = train_model(task, kind, seed, config, args, steps)
+                    modes = ("exact", "plain") if kind == "fbt" else ("plain",)
+                    record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
+                              "grad_passes": args.grad_passes, "curriculum": args.curriculum, "train": info,
+                              "eval": evaluate(model, task, args, modes)}
+                    with out.open("a") as f:
+                        f.write(json.dumps(record) + "\n")
+                    accs = {m: {k: round(accuracy(v), 3) for k, v in r.items()} for m, r in record["eval"].items()}
+                    print(f"{task} seed {seed} {kind}: {info['train_seconds']} s, {accs}", file=sys.stderr, flush=True)
+    print(summarise(out))
+    if args.plot:
+        print(f"\nplot: {plot(out, Path(args.plot))}")
+
+
+if __name__ == "__main__":
+    main()
