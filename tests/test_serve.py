@@ -27,8 +27,10 @@ NAME = "tiny"
 
 @pytest.fixture(scope="module")
 def model():
+    # init_std 0.1 (conftest's): the random fed-back state map contracts, so float64 rounding differences between
+    # batch shapes stay at 1e-15 over a generation (with 0.3 they grow tenfold per step and flip near-ties).
     return make_model(seed=5, dtype=torch.float64, vocab_size=TOK.vocab_size, d_model=48, n_heads=4, n_kv_heads=2,
-                      max_seq_len=160, init_std=0.3)
+                      max_seq_len=160)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +147,7 @@ def test_logprobs(client, model):
 @pytest.mark.parametrize("body,param,message", [
     ({"decode_mode": "jacobi"}, "decode_mode", "unknown decode_mode"),
     ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes", "fused_passes"),
+    ({"fused_passes": 65, "decode_mode": "fused"}, "fused_passes", "between 1 and 64"),
     ({"max_tokens": 155}, "max_tokens", "exceeds the model's context length 160"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"temperature": -1}, "temperature", "temperature"),

@@ -3,6 +3,7 @@ when requests of every decode mode join and leave a running batch at arbitrary s
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
@@ -116,7 +117,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(single_thread):
     engine.submit([again] + [s for s, _ in crowd[3:]])
     run_to_end(engine, [again] + [s for s, _ in crowd])
     assert [e.token for e in again_events] == [e.token for e in alone_events]
-    other, other_events = collect([5, 6, 7], SamplingParams(**{**params.__dict__, "seed": 8}))
+    other, other_events = collect([5, 6, 7], dataclasses.replace(params, seed=8))
     engine.submit([other])
     run_to_end(engine, [other])
     assert [e.token for e in other_events] != [e.token for e in alone_events]

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,6 +33,8 @@ from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, Sa
 
 PAGE = Path(__file__).parent / "static" / "chat.html"
 MAX_STOP_STRINGS = 4
+# Each fused pass is a full prefill that the running batch waits for: bound what one request can ask.
+MAX_FUSED_PASSES = 64
 # How often a request waiting for tokens checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
 
@@ -233,8 +235,9 @@ def create_app(
             raise APIError(400, f"unknown decode_mode {mode!r}; choose one of {', '.join(MODES)}",
                            param="decode_mode")
         passes = req.fused_passes if req.fused_passes is not None else fused_passes
-        if passes < 1:
-            raise APIError(400, f"fused_passes must be >= 1, got {passes}", param="fused_passes")
+        if not 1 <= passes <= MAX_FUSED_PASSES:
+            raise APIError(400, f"fused_passes must be between 1 and {MAX_FUSED_PASSES}, got {passes}",
+                           param="fused_passes")
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise APIError(400, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
@@ -252,7 +255,7 @@ def create_app(
             for j in range(n):
                 index = i * n + j
                 seed = None if params.seed is None else params.seed + j
-                p = SamplingParams(**{**params.__dict__, "seed": seed})
+                p = replace(params, seed=seed)
                 sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
                 sequences.append(Sequence(prompt, p, sink))
                 choices.append(Choice(tokenizer, stop))
@@ -330,8 +333,7 @@ def create_app(
         if req.logprobs is not None and not 0 <= req.logprobs <= 5:
             raise APIError(400, f"logprobs must be between 0 and 5, got {req.logprobs}", param="logprobs")
         prompts = _prompts(req.prompt, tokenizer)
-        params = SamplingParams(**{**params.__dict__, "logprobs": req.logprobs,
-                                   "stop_token_ids": () if req.ignore_eos else (tokenizer.eos_id,)})
+        params = replace(params, logprobs=req.logprobs, stop_token_ids=() if req.ignore_eos else (tokenizer.eos_id,))
         sequences, choices, queue = start(prompts, params, req.n, stop)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": now, "model": model_name}
@@ -381,8 +383,8 @@ def create_app(
         if max_tokens is None:  # as in OpenAI: up to the end of the context
             max_tokens = max(1, config.max_seq_len - len(prompt))
         stop_ids = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), tokenizer.eos_id]))
-        params = SamplingParams(**{**params.__dict__, "max_tokens": max_tokens, "stop_token_ids": stop_ids,
-                                   "logprobs": (req.top_logprobs or 0) if req.logprobs else None})
+        params = replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids,
+                         logprobs=(req.top_logprobs or 0) if req.logprobs else None)
         sequences, choices, queue = start([prompt], params, req.n, stop)
         rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "created": now, "model": model_name}
