@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from fullband.data import DataConfig, open_dataset, prepare_dataset
 from fullband.data.chat import apply_chat_template, encode_record, end_of_turn_ids
-from fullband.data.shards import IGNORE_INDEX
+from fullband.data.shards import IGNORE_INDEX, make_batch
 from fullband.data.sources import resolve_format
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.errors import ConfigError, DataError
@@ -136,30 +136,44 @@ def _first_doc_index(split, tok) -> int:
     return int(text.split("What is ")[1].split(" ")[0])
 
 
-def test_batches_follow_the_mask_and_documents(tmp_path):
-    records = [{"prompt": f"{i}*{i}=", "answer": str(i * i)} for i in range(300)]
+def test_batches_pack_whole_documents_and_follow_the_mask(tmp_path):
+    rng = np.random.default_rng(0)
+    # Documents of 6 to ~40 tokens; one longer than a window.
+    records = [{"prompt": f"{i}*{i}=", "answer": "x" * int(rng.integers(1, 30))} for i in range(300)]
+    records[5]["answer"] = "y" * 60
     src = _write_jsonl(tmp_path / "pa.jsonl", records)
     ds = prepare_dataset(DataConfig(source=str(src), val_fraction=0.1), tmp_path / "data")
     assert ds.manifest["record_format"] == "prompt_answer"
     split = ds.split("train")
     tokens, mask, starts = split.tokens(0, len(split)), np.asarray(split.loss_mask), split.doc_starts
+    ends = np.append(starts[1:], len(split))
     doc_of = np.searchsorted(starts, np.arange(len(split)), side="right") - 1
-    seq_len = 20
-    batch = next(split.eval_batches(seq_len, 8))
-    for r in range(8):
-        s = r * seq_len
-        inside_first = starts[doc_of[s]] != s
+    seq_len = 32
+    windows = split.window_starts(seq_len)
+    assert set(windows) <= set(starts)  # every window starts at a document start
+    batch = make_batch(split, windows, seq_len)
+    trained = np.zeros(len(split), dtype=int)
+    for r, s in enumerate(windows):
         for t in range(seq_len):
             i, j = s + t, s + t + 1
-            same_doc = doc_of[i] == doc_of[j]
-            hidden_start = inside_first and doc_of[i] == doc_of[s]
-            expected = int(tokens[j]) if mask[j] and same_doc and not hidden_start else IGNORE_INDEX
+            d = doc_of[i]
+            whole = starts[d] >= s and ends[d] <= s + seq_len + 1
+            expected = int(tokens[j]) if mask[j] and doc_of[j] == d and (whole or starts[d] == s) else IGNORE_INDEX
             assert int(batch.targets[r, t]) == expected
-            assert int(batch.segment_ids[r, t]) == doc_of[i] - doc_of[s]
-            assert bool(batch.plain_mask[r, t]) == (t == 0 or starts[doc_of[i]] == i)
+            trained[j] += expected != IGNORE_INDEX
+            assert int(batch.segment_ids[r, t]) == d - doc_of[s]
+            assert bool(batch.plain_mask[r, t]) == (t == 0 or starts[d] == i)
+    # One epoch trains every answer token once, except past a window's end in the over-long document and
+    # the documents after the last window that fits.
+    last_doc = doc_of[windows[-1] + seq_len]
+    for d in range(last_doc):
+        span = range(starts[d] + 1, ends[d])
+        expected = [int(mask[j]) if ends[d] - starts[d] <= seq_len + 1 or j <= starts[d] + seq_len else 0
+                    for j in span]
+        assert trained[list(span)].tolist() == expected, d
     # The answer and its end-of-document token are the trained tokens of each document.
-    ids, trained = encode_record(ds.tokenizer, {"prompt": "3*3=", "answer": "9"})
-    assert [i for i, m in zip(ids, trained) if m] == [ord("9"), ds.tokenizer.eos_id]
+    ids, answer_mask = encode_record(ds.tokenizer, {"prompt": "3*3=", "answer": "9"})
+    assert [i for i, m in zip(ids, answer_mask) if m] == [ord("9"), ds.tokenizer.eos_id]
 
 
 def test_text_sources_keep_every_target_and_no_segments(tmp_path):

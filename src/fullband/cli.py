@@ -248,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     from fullband.serve import cli as serve_cli
 
     serve_cli.add_parser(sub)
+    from fullband import chat_cli, sft
+
+    sft.add_parser(sub)
+    chat_cli.add_parser(sub)
     for subparser in sub.choices.values():
         subparser.allow_abbrev = False  # --train.token must not silently mean --train.tokens
     return parser
@@ -259,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     args.unknown_overrides = {}
     while rest:
         option = rest.pop(0)
-        if not option.startswith("--") or "." not in option or args.command not in ("train", "prepare") or not rest:
+        if (not option.startswith("--") or "." not in option or args.command not in ("train", "prepare", "sft")
+                or not rest):
             parser.error(f"unrecognized argument {option!r}")
         args.unknown_overrides[option[2:]] = rest.pop(0)
     try:

@@ -73,6 +73,11 @@ class TrainConfig:
     stop_after_steps: int = _f(
         0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end"
     )
+    init_fusion: str = _f(
+        "auto",
+        "with --init-from: 'keep' the source's fusion weights (fine-tuning an FBT), 'reset' them (mid-training a "
+        "standard model), or 'auto' (keep them if the source's run trained with feedback)",
+    )
 
 
 @dataclass
@@ -123,7 +128,8 @@ class RunConfig:
                 "the model has no positions for it. Lower train.seq_len or raise model.max_seq_len."
             )
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
-                   "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16")}
+                   "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16"),
+                   "init_fusion": ("auto", "keep", "reset")}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")

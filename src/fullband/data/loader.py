@@ -5,6 +5,8 @@ starts at token i*seq_len; consecutive windows share one token so every token is
 epoch). Each epoch visits every window once in an order shuffled by (seed, epoch). A step takes the
 next `batch_size` windows of that global order and rank r keeps rows r::world_size, so the union of
 all ranks' rows is exactly what a single process would see: the world size can change on resume.
+Datasets with isolated documents (chat, prompt_answer) pack whole documents into windows instead
+(``TokenSplit.window_starts``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ class TokenLoader:
         check_split_length(split, seq_len)
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.num_windows = (len(split) - 1) // seq_len
+        self._starts = split.window_starts(seq_len)
+        self.num_windows = len(self._starts)
         self.epoch, self.position = 0, 0
         self._order_epoch, self._order = -1, np.zeros(0, dtype=np.int64)
 
@@ -54,7 +57,7 @@ class TokenLoader:
             if self.position == self.num_windows:
                 self.epoch, self.position = self.epoch + 1, 0
         mine = np.concatenate(windows)[self.rank :: self.world_size]
-        return make_batch(self.split, mine * self.seq_len, self.seq_len)
+        return make_batch(self.split, self._starts[mine], self.seq_len)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed,

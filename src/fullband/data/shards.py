@@ -323,9 +323,11 @@ def check_split_length(split: TokenSplit, seq_len: int) -> None:
 def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
     """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i].
 
-    Targets the split's loss mask excludes become IGNORE_INDEX. With isolated documents, so do targets
-    that cross into the next document, and the whole first document of a window that starts inside it:
-    its beginning (the conversation or prompt it answers) lies in the previous window, out of sight.
+    Targets the split's loss mask excludes become IGNORE_INDEX. With isolated documents, a document is
+    trained on only in a window that holds all of it (or, if it is longer than a window, in the window
+    that starts with it): a window's first document, if the window starts inside it, lacks its beginning
+    (the conversation or prompt it answers) and its last, cut off, is trained whole in the next window.
+    Targets that cross into the next document are ignored too.
     """
     rows = np.stack([split.tokens(int(s), int(s) + seq_len + 1) for s in starts]) if len(starts) else \
         np.zeros((0, seq_len + 1), dtype=np.int64)
@@ -343,9 +345,10 @@ def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
             targets[np.asarray(split.loss_mask[positions[:, 1:]]) == 0] = IGNORE_INDEX
         if split.isolate:
             docs = np.searchsorted(ds, positions, side="right") - 1
-            targets[docs[:, 1:] != docs[:, :-1]] = IGNORE_INDEX
-            starts_inside = ds[np.clip(docs[:, 0], 0, None)] != positions[:, 0]
-            targets[starts_inside[:, None] & (docs[:, :-1] == docs[:, :1])] = IGNORE_INDEX
+            doc_start = ds[docs[:, 1:]]
+            doc_end = np.append(ds, len(split))[docs[:, 1:] + 1]
+            whole = (doc_start >= positions[:, :1]) & (doc_end <= positions[:, -1:] + 1)
+            targets[~(whole | (doc_start == positions[:, :1])) | (docs[:, 1:] != docs[:, :-1])] = IGNORE_INDEX
             segment_ids = torch.from_numpy(docs[:, :-1] - docs[:, :1])
     rows_t = torch.from_numpy(rows)
     return Batch(rows_t[:, :-1].contiguous(), torch.from_numpy(targets), torch.from_numpy(plain), segment_ids)
@@ -370,6 +373,28 @@ class TokenSplit:
     @property
     def num_documents(self) -> int:
         return len(self.doc_starts)
+
+    def window_starts(self, seq_len: int) -> np.ndarray:
+        """First tokens of the training windows (seq_len + 1 tokens each). Consecutive windows at stride
+        seq_len; with isolated documents, whole documents packed greedily: each window starts at a document
+        start and the next one at the first document this one cannot hold entirely (a document longer than
+        a window gets a window of its own, trained up to the window's end). Documents after the last window
+        that fits in the split are left out."""
+        check_split_length(self, seq_len)
+        if not self.isolate:
+            return np.arange((len(self) - 1) // seq_len, dtype=np.int64) * seq_len
+        ds, last = self.doc_starts, len(self) - seq_len - 1
+        ends = np.append(ds[1:], len(self))
+        starts, index = [], 0
+        while index < len(ds) and ds[index] <= last:
+            start = int(ds[index])
+            starts.append(start)
+            # The window holds tokens start .. start + seq_len; `reach` documents start inside it, and the
+            # last of them, if it runs past the window's end, starts the next window.
+            reach = int(np.searchsorted(ds, start + seq_len, side="right"))
+            cut = ends[reach - 1] > start + seq_len + 1
+            index = max(reach - 1 if cut else reach, index + 1)
+        return np.asarray(starts, dtype=np.int64)
 
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) as int64, read across shard boundaries."""
@@ -399,7 +424,8 @@ class TokenSplit:
                 f"eval batch_size={batch_size} must be a positive multiple of world_size={world_size} "
                 f"(and 0 <= rank={rank} < world_size)."
             )
-        n_windows = (len(self) - 1) // seq_len
+        starts = self.window_starts(seq_len)
+        n_windows = len(starts)
         if max_batches is not None:
             n_windows = min(n_windows, max_batches * batch_size)
         for first in range(0, n_windows, batch_size):
@@ -407,7 +433,7 @@ class TokenSplit:
             count -= count % world_size
             if count == 0:
                 break
-            yield make_batch(self, np.arange(first, first + count)[rank::world_size] * seq_len, seq_len)
+            yield make_batch(self, starts[first : first + count][rank::world_size], seq_len)
 
 
 @dataclass

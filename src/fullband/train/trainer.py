@@ -37,6 +37,7 @@ from fullband.train.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.schedule import PassSchedule
 
@@ -167,9 +168,13 @@ class Trainer:
         if self.init_from is not None:
             model_dir = resolve_model_dir(self.init_from)
             base = FullBandConfig.load(model_dir / "config.json").to_dict()
-            base.update({k: getattr(model_cfg, k) for k in FEEDBACK_FIELDS})
+            self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
+            # Kept fusion weights keep their kind; only the training jitter comes from this run's config.
+            base.update({k: getattr(model_cfg, k) for k in (("feedback_jitter",) if self._keep_fusion
+                                                            else FEEDBACK_FIELDS)})
+            if self._check_tokenizer(model_dir, dataset):
+                base["vocab_size"] = max(base["vocab_size"], dataset.vocab_size)  # e.g. chat tokens added
             model_cfg = FullBandConfig.from_dict(base)
-            self._check_tokenizer(model_dir, dataset)
         elif model_cfg.vocab_size != dataset.vocab_size:
             # A model trained from scratch takes its vocabulary from the tokenizer.
             model_cfg = FullBandConfig.from_dict({**model_cfg.to_dict(), "vocab_size": dataset.vocab_size})
@@ -190,25 +195,37 @@ class Trainer:
             self._load_init_weights(model, model_dir)
         return model.to(self.device)
 
-    def _check_tokenizer(self, model_dir: Path, dataset: PreparedDataset) -> None:
+    def _check_tokenizer(self, model_dir: Path, dataset: PreparedDataset) -> bool:
+        """Whether the data's tokenizer extends the model's (chat tokens added); raises if it is another one."""
         tokenizer_dir = model_dir / "tokenizer"
         if not tokenizer_dir.is_dir():
-            return
+            return False
         try:
             theirs = load_tokenizer(tokenizer_dir).fingerprint()
         except FullbandError:
-            return  # a tokenizer format fullband cannot read: the vocabulary-size check still applies
+            return False  # a tokenizer format fullband cannot read: the vocabulary-size check still applies
+        if theirs == dataset.tokenizer.base_fingerprint:
+            return True
         if theirs != dataset.tokenizer.fingerprint():
             raise DataError(
                 f"tokenizer mismatch: {self.init_from} was trained with the tokenizer in {tokenizer_dir}, but "
                 f"the data in {self.data_dir} was prepared with another one. Prepare the data with "
                 f"--data.tokenizer {tokenizer_dir} (and a fresh --data-dir)."
             )
+        return False
 
     def _load_init_weights(self, model: FullBandLM, model_dir: Path) -> None:
         from safetensors.torch import load_file
 
-        state = load_file(str(model_dir / "model.safetensors"))
+        state = grow_vocabulary(load_file(str(model_dir / "model.safetensors")), model.config.vocab_size)
+        if self._keep_fusion:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            if missing or unexpected:
+                raise CheckpointError(
+                    f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
+                )
+            self._log(f"initialised from {model_dir}, fusion weights included (train.init_fusion)")
+            return
         state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith("fusion.")]

@@ -1,0 +1,83 @@
+"""``fullband chat MODEL``: talk to an instruction-tuned model in the terminal, in any decode mode.
+
+Each user turn is added to the conversation, which is encoded with the model's chat template
+(``fullband.data.chat``); the answer streams until an end-of-turn token. ``--message`` (repeatable)
+runs a scripted conversation instead of reading from the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable
+
+from fullband.errors import FullbandError
+from fullband.generation import MODES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("chat", help="chat with an instruction-tuned model (see fullband sft)")
+    p.add_argument("model", help="run directory, checkpoint or model directory")
+    p.add_argument("--message", action="append", metavar="TEXT",
+                   help="a user turn (repeat for several); without it, read turns from the terminal")
+    p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
+    p.add_argument("--mode", default="soft", choices=MODES, help="decode mode (default: soft)")
+    p.add_argument("--fused-passes", type=int, default=1, help="extra fused prefill passes in fused mode (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="longest answer in tokens (default: 200)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _user_turns(args: argparse.Namespace) -> Iterable[str]:
+    if args.message:
+        yield from args.message
+        return
+    while True:
+        try:
+            line = input("you> ")
+        except EOFError:
+            return
+        if not line.strip():
+            return
+        yield line
+
+
+def run(args: argparse.Namespace) -> None:
+    from fullband.data.chat import apply_chat_template, end_of_turn_ids
+    from fullband.generation import generate_stream
+    from fullband.loading import load_model
+
+    model, tokenizer = load_model(args.model, args.device)
+    stop = set(end_of_turn_ids(tokenizer))
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    for turn in _user_turns(args):
+        messages.append({"role": "user", "content": turn})
+        prompt = apply_chat_template(tokenizer, messages)
+        room = model.config.max_seq_len - len(prompt)
+        if room < 1:
+            raise FullbandError(f"the conversation is {len(prompt)} tokens, the model's max_seq_len is "
+                                f"{model.config.max_seq_len}: start a new conversation")
+        stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), mode=args.mode,
+                                 fused_passes=args.fused_passes, temperature=args.temperature, top_p=args.top_p,
+                                 seed=args.seed)
+        produced: list[int] = []
+        shown = ""
+        if args.message:  # echo scripted turns, so the transcript reads like the interactive one
+            sys.stdout.write(f"you> {turn}\n")
+        sys.stdout.write("assistant> ")
+        for token in stream:
+            if int(token[0]) in stop:
+                break
+            produced.append(int(token[0]))
+            text = tokenizer.decode(produced)
+            if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
+                sys.stdout.write(text[len(shown):])
+                sys.stdout.flush()
+                shown = text
+        answer = tokenizer.decode(produced)
+        sys.stdout.write(answer[len(shown):] + "\n")
+        messages.append({"role": "assistant", "content": answer})

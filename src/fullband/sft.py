@@ -1,0 +1,107 @@
+"""``fullband sft MODEL``: instruction tuning of a fullband model on chat (or prompt_answer) records.
+
+It is ``fullband train --init-from MODEL`` with the defaults instruction tuning needs:
+
+- data.format chat, and data.tokenizer the model's own tokenizer (extended with fullband's chat tokens
+  when it has no chat template of its own; the model's vocabulary grows by those tokens);
+- train.schedule fixed:3 (the paper post-trains with three passes throughout) and train.init_fusion auto
+  (an FBT keeps its trained fusion weights);
+- the training and evaluation settings of the model's own run (seq_len, batch size, lr, ...) when it has
+  one, so the model is fine-tuned the way it was trained.
+
+Then ``--config FILE`` and ``--section.field VALUE`` options apply as in ``fullband train``. Validation
+reports the loss on the trained tokens (assistant turns) per decode mode. See docs/instruction-tuning.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fullband.errors import ConfigError
+
+SFT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "data": {"format": "chat"},
+    "train": {"schedule": "fixed:3", "init_fusion": "auto"},
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from fullband.cli import add_config_options
+
+    p = subparsers.add_parser(
+        "sft", help="instruction-tune a model on chat records (train --init-from with 3 passes, chat format)")
+    p.add_argument("model", help="run directory, checkpoint or model directory to fine-tune")
+    add_config_options(p)
+    p.add_argument("--out-dir", required=True, metavar="DIR", help="run directory: config, checkpoints, metrics")
+    p.add_argument("--data-dir", metavar="DIR", help="prepared dataset directory (default OUT_DIR/data)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT_DIR")
+    p.set_defaults(func=run)
+    return p
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the config {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return raw
+
+
+def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The nested config of an SFT run of ``model_dir`` before command-line overrides (see the module doc)."""
+    from fullband.train.checkpoint import find_tokenizer_dir
+
+    raw: dict[str, dict[str, Any]] = {}
+    run_config = model_dir.parent.parent.parent / "config.yaml"
+    if model_dir.name == "model" and run_config.is_file():
+        # The run's data section describes its pretraining corpus, not the chat data.
+        raw = {k: dict(v or {}) for k, v in _read_yaml(run_config).items() if k in ("model", "train", "eval")}
+    for section, values in SFT_DEFAULTS.items():
+        raw.setdefault(section, {}).update(values)
+    tokenizer_dir = find_tokenizer_dir(model_dir)
+    if tokenizer_dir is None:
+        raise ConfigError(f"{model_dir} has no tokenizer saved with it; SFT needs the model's tokenizer "
+                          "(a run, checkpoint or model directory written by fullband or `fullband convert`)")
+    raw["data"]["tokenizer"] = str(tokenizer_dir)
+    if config_file is not None:
+        for section, values in _read_yaml(config_file).items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{config_file}: section {section!r} must be a mapping of field: value")
+            raw.setdefault(section, {}).update(values)
+    return raw
+
+
+def run(args: argparse.Namespace) -> None:
+    from fullband.config import build_config
+    from fullband.eval import format_eval_table
+    from fullband.loading import preset_path
+    from fullband.train import train
+    from fullband.train.checkpoint import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model)
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    overrides.update(getattr(args, "unknown_overrides", {}))
+    saved = Path(args.out_dir) / "config.yaml"
+    if args.resume and args.config is None and saved.is_file():
+        config = build_config(_read_yaml(saved), overrides, source=str(saved))
+    else:
+        raw = sft_raw_config(model_dir, preset_path(args.config) if args.config else None)
+        if "source" not in raw["data"] and "data.source" not in overrides:
+            raise ConfigError("give the chat data with --data.source FILE.jsonl (records with `messages`, or "
+                              "`prompt` and `answer` with --data.format prompt_answer)")
+        config = build_config(raw, overrides, source="fullband sft")
+    result = train(config, args.out_dir, data_dir=args.data_dir, resume=args.resume, init_from=model_dir)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    print(f"steps {result.steps}, tokens {result.tokens:,}, token-equivalent compute {result.compute_tokens:,}"
+          f" (tokens × passes)")
+    if result.final_eval is not None:
+        print(f"validation loss on the trained tokens ({result.final_eval.tokens:,} targets) per decode mode:")
+        print(format_eval_table({"model": result.final_eval}))
