@@ -103,16 +103,24 @@ class ChatRequest(_Request):
 
 @dataclass
 class Choice:
-    """The text of one choice so far. Text that could be the start of a stop string is held back until it
-    is clear that it is not; a stop string ends the choice and is not part of the text."""
+    """The text of one choice so far, decoded incrementally: each token decodes a short window of ids, not
+    the whole answer, so a long answer costs linear time. A window's text is taken only once it does not end
+    in U+FFFD (an incomplete character) and is compared with the same window minus the new ids, so tokenizers
+    that decode a piece differently at the start of a text (leading spaces) give the same result as decoding
+    everything at once. Text that could be the start of a stop string is held back until it is clear that it
+    is not; a stop string ends the choice and is not part of the text."""
 
     tokenizer: Tokenizer
     stop: list[str]
     ids: list[int] = field(default_factory=list)
-    sent: str = ""
+    text: str = ""  # decoded so far (complete characters)
+    sent: str = ""  # the part of text released to the client
     tokens: int = 0  # tokens generated (the usage), including a final stop token
     stopped: bool = False
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
+    _prefix: int = 0  # ids[_prefix:_read] is the window decoded last time
+    _read: int = 0
+    _scanned: int = 0  # text[:_scanned] holds no stop string
 
     def add(self, event: Event) -> str:
         self.tokens += 1
@@ -120,22 +128,33 @@ class Choice:
             self.logprobs.append((event.token, event.logprob, event.top_logprobs or []))
         if not event.is_stop_token:
             self.ids.append(event.token)
-        text = self.tokenizer.decode(self.ids)
-        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        if hits:
-            self.stopped = True
-            return self._send(text[: min(hits)])
-        # A trailing U+FFFD is an incomplete multi-byte character: wait for its other bytes.
-        stable = text.rstrip("\ufffd")
-        holdback = max((len(s) - 1 for s in self.stop), default=0)
-        return self._send(stable[: max(len(self.sent), len(stable) - holdback)])
+            before = self.tokenizer.decode(self.ids[self._prefix : self._read])
+            after = self.tokenizer.decode(self.ids[self._prefix :])
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self.text += after[len(before) :]
+                self._prefix, self._read = self._read, len(self.ids)
+        return self._release(final=False)
 
     def flush(self) -> str:
-        return "" if self.stopped else self._send(self.tokenizer.decode(self.ids))
+        """The rest of the text, at the end of the choice (a trailing incomplete character included)."""
+        if self.stopped:
+            return ""
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        self.text += self.tokenizer.decode(self.ids[self._prefix :])[len(before) :]
+        self._prefix = self._read = len(self.ids)
+        return self._release(final=True)
 
-    def _send(self, upto: str) -> str:
-        delta = upto[len(self.sent) :]
-        self.sent = upto if len(upto) >= len(self.sent) else self.sent
+    def _release(self, final: bool) -> str:
+        longest = max((len(s) for s in self.stop), default=0)
+        start = max(0, self._scanned - longest + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            upto = self.text[: min(hits)]
+        else:
+            self._scanned = len(self.text)
+            upto = self.text if final else self.text[: max(len(self.sent), len(self.text) - max(longest - 1, 0))]
+        delta, self.sent = upto[len(self.sent) :], upto
         return delta
 
 
