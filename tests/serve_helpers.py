@@ -61,3 +61,36 @@ class Server:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+class ThreadServer:
+    """A uvicorn server on a free port of 127.0.0.1, run on a thread of the test process: no start-up of a
+    second Python, for tests that need a model built in place rather than the command line."""
+
+    def __init__(self, model, tokenizer, name: str, max_batch: int = 16, max_queue: int = 256):
+        import threading
+
+        import uvicorn
+
+        from fullband.serve.app import create_app
+        from fullband.serve.engine import Engine
+
+        self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(self.engine, tokenizer, name)
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.02)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=10).json()
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)

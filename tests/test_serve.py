@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 from conftest import make_model
-from serve_helpers import Server, save_model
+from serve_helpers import Server, ThreadServer, save_model
 
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.data.tokenizers import ByteTokenizer
@@ -232,13 +232,11 @@ def test_chat_streaming_n_and_logprobs(client, model):
 
 
 @pytest.fixture(scope="module")
-def busy_server(tmp_path_factory):
+def busy_server():
     # Slow enough (about a millisecond per token) that a 900-token request is still running while the test
     # acts on it.
-    big = make_model(seed=1, vocab_size=TOK.vocab_size, d_model=256, n_layers=4, n_heads=4, d_ff=512,
-                     max_seq_len=1024)
-    root = tmp_path_factory.mktemp("busy")
-    srv = Server(save_model(big, root / NAME), root / "server.log", "--max-batch", "1", "--max-queue", "0")
+    big = make_model(seed=1, vocab_size=256 + 3, d_model=256, n_layers=4, n_heads=4, d_ff=512, max_seq_len=1024)
+    srv = ThreadServer(big, ByteTokenizer(), NAME, max_batch=1, max_queue=0)  # plain bytes: no chat template
     yield srv
     srv.close()
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 from conftest import make_model
-from serve_helpers import Server, save_model
+from serve_helpers import ThreadServer
 
 from fullband.data.tokenizers import ByteTokenizer
 
@@ -40,16 +40,15 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server():
     tokenizer = ByteTokenizer(chat=True)
     model = make_model(seed=8, dtype=torch.float64, vocab_size=tokenizer.vocab_size, d_model=48, max_seq_len=256)
-    root = tmp_path_factory.mktemp("page")
-    srv = Server(save_model(model, root / "tiny", tokenizer), root / "server.log", "--dtype", "float64")
+    srv = ThreadServer(model, tokenizer, "tiny")
     yield srv
     srv.close()
 
 
-def api_text(server: Server, prompt: str, mode: str, max_tokens: int) -> str:
+def api_text(server: ThreadServer, prompt: str, mode: str, max_tokens: int) -> str:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "decode_mode": mode,
             "fused_passes": 1}
     return httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
