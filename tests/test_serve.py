@@ -233,15 +233,15 @@ def test_chat_streaming_n_and_logprobs(client, model):
 
 @pytest.fixture(scope="module")
 def busy_server():
-    # Slow enough (about a millisecond per token) that a 900-token request is still running while the test
-    # acts on it.
-    big = make_model(seed=1, vocab_size=256 + 3, d_model=256, n_layers=4, n_heads=4, d_ff=512, max_seq_len=1024)
+    # Slow enough (a few milliseconds per token even on an idle machine) that a 900-token request is still
+    # running while the test acts on it.
+    big = make_model(seed=1, vocab_size=256 + 3, d_model=512, n_layers=6, n_heads=8, d_ff=1024, max_seq_len=1024)
     srv = ThreadServer(big, ByteTokenizer(), NAME, max_batch=1, max_queue=0)  # plain bytes: no chat template
     yield srv
     srv.close()
 
 
-def test_queue_full_429_and_disconnect_cancels(busy_server):
+def test_queue_full_429_and_disconnect_cancels(busy_server, single_thread):
     body = {"model": NAME, "prompt": "a", "max_tokens": 900, "temperature": 0, "stream": True}
     with httpx.stream("POST", busy_server.url + "/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
@@ -261,6 +261,15 @@ def test_queue_full_429_and_disconnect_cancels(busy_server):
     assert health["running"] == 0 and health["cancelled"] == 1 and health["completed"] == 0
     out = httpx.post(busy_server.url + "/v1/completions", json={**body, "stream": False, "max_tokens": 3}, timeout=30)
     assert out.status_code == 200 and json.loads(out.text)["choices"][0]["finish_reason"] in ("stop", "length")
+
+    # A client that gives up on a non-streamed answer cancels it too.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(busy_server.url + "/v1/completions", json={**body, "stream": False}, timeout=0.3)
+    deadline = time.monotonic() + 10
+    while busy_server.health()["cancelled"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    health = busy_server.health()
+    assert health["cancelled"] == 2 and health["running"] == 0 and health["completed"] == 1
 
 
 def test_chat_without_template_is_refused(busy_server):

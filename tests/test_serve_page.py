@@ -54,7 +54,7 @@ def api_text(server: ThreadServer, prompt: str, mode: str, max_tokens: int) -> s
     return httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
 
-def test_page_streams_three_modes_side_by_side(browser, server):
+def test_page_streams_three_modes_side_by_side(browser, server, single_thread):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.goto(server.url + "/")
     page.wait_for_selector("body[data-state=ready]", timeout=30_000)

@@ -291,13 +291,19 @@ def create_app(
         """The choices' text as it is generated; cancels what is left when the consumer stops or the client
         goes away."""
         pending = set(range(len(sequences)))
+        checked = time.monotonic()
         try:
             while pending:
                 try:
                     index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
                 except TimeoutError:
+                    index = event = None
+                # Also while tokens flow: a non-streamed answer has no other way to notice a client that left.
+                if time.monotonic() - checked >= DISCONNECT_POLL_S:
+                    checked = time.monotonic()
                     if await request.is_disconnected():
                         return
+                if event is None:
                     continue
                 if index not in pending:
                     continue  # tokens generated after a stop string, before the cancellation took effect
