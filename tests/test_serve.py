@@ -119,6 +119,12 @@ def test_n_and_seeded_sampling(client):
         assert again.result() == first
         [c.result() for c in crowd]
     assert sample(12) != first
+    # Streamed, the choices' chunks interleave and carry their index.
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(model=NAME, prompt="class A:", max_tokens=16, temperature=1.0,
+                                           top_p=0.95, n=3, seed=11, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == first
 
 
 def test_stop_strings(client, model, single_thread):
