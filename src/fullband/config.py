@@ -48,6 +48,11 @@ class TrainConfig:
         "detach the fed-back states between passes; each pass is then backpropagated as soon as it ends, "
         "so activations of one pass are held, not K (single process; not the paper's default)",
     )
+    grad_passes: int = _f(
+        0,
+        "backpropagate through the last N passes of a step only, the earlier ones run without a graph "
+        "(T2MLR-style: K up to the sequence length at the memory of N passes); 0 = all passes",
+    )
     optimizer: str = _f("adamw", "'adamw', or 'muon' (torch.optim.Muon for 2-D hidden matrices, AdamW for the rest)")
     lr: float = _f(3e-3, "peak learning rate (AdamW)")
     muon_lr: float = _f(2e-2, "peak learning rate of Muon for matrix parameters")
@@ -133,6 +138,8 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
+        if t.grad_passes < 0:
+            raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
             raise ConfigError("train.decay_fraction and train.prefix_mixin must lie in [0, 1]")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:

@@ -381,6 +381,7 @@ class Trainer:
                                 prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
                                 later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
                                 backward_scale=per_pass_backward, keep_logits=False,
+                                grad_passes=t.grad_passes or None,
                             )
                         loss, pass_losses = out.loss, out.pass_losses
                         del out  # hold no pass's outputs through the backward
