@@ -183,6 +183,10 @@ def test_malformed_json_unknown_model_and_routes(client, server):
     assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
     response = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == "model"
+    nulls = {"model": NAME, "prompt": "x", "max_tokens": 2, "temperature": None, "top_p": None, "n": None,
+             "stop": None, "seed": None, "stream": None, "logprobs": None, "decode_mode": None}
+    response = httpx.post(server.url + "/v1/completions", json=nulls, timeout=30)
+    assert response.status_code == 200 and len(response.json()["choices"]) == 1  # null = the default
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
     assert httpx.get(server.url + "/v1/nothing", timeout=30).json()["error"]["type"] == "not_found_error"

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data import Tokenizer
@@ -70,6 +70,12 @@ class _Request(BaseModel):
     seed: int | None = None
     decode_mode: str | None = None
     fused_passes: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # OpenAI clients may send an explicit null for a parameter they leave at its default.
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
 
 class CompletionRequest(_Request):
