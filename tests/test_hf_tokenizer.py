@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from fullband.data.chat import apply_chat_template
+from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.data.tokenizers import BPETokenizer, ByteTokenizer
 from fullband.generation import generate
 from fullband.hf import export_hf
@@ -104,3 +104,46 @@ def test_pipeline_generates_as_fullband_in_every_mode(tmp_path, kind):
                     eos_token_id=tok.eos_id)[0]["generated_text"]
         assert text == prompt + tok.decode(outputs[mode])
     assert outputs["standard"] != outputs["soft"]
+    if tok.has_chat_tokens:  # a chat model's pipeline takes messages and answers with the built-in template
+        messages = [{"role": "user", "content": "def add(a, b):"}]
+        reply = pipe(messages, max_new_tokens=12, do_sample=False, decode_mode="soft")[0]["generated_text"][-1]
+        ids = generate(model, [apply_chat_template(tok, messages)], 12, mode="soft")[0].tolist()
+        stop = next((i for i, t in enumerate(ids) if t in end_of_turn_ids(tok)), len(ids))
+        assert reply == {"role": "assistant", "content": tok.decode(ids[:stop])}
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>'"
+          " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def test_a_tokenizers_own_chat_template_is_used_with_its_assistant_spans(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from fullband.data.chat import encode_record
+    from fullband.data.tokenizers import HFTokenizer
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator(_texts(), trainer)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
+                                              pad_token="<|endoftext|>")
+    hf.chat_template = CHATML
+    hf.save_pretrained(tmp_path / "tok")
+    tok = HFTokenizer(tmp_path / "tok")
+    assert tok.chat_template is not None and tok.with_chat_tokens() is tok  # nothing added: it has a template
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Grüße?"},
+                {"role": "assistant", "content": "Hallo ✓"}, {"role": "user", "content": "again"},
+                {"role": "assistant", "content": "ok\n\nfine"}]
+    # The same ids as transformers renders, behind the bos every fullband prompt starts with.
+    for gen_prompt in (True, False):
+        want = hf.apply_chat_template(messages[:4], add_generation_prompt=gen_prompt, tokenize=True, return_dict=False)
+        assert apply_chat_template(tok, messages[:4], gen_prompt) == [tok.bos_id, *want]
+    ids, mask = encode_record(tok, {"messages": messages})
+    trained = backend.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == "Hallo ✓<|im_end|>\nok\n\nfine<|im_end|>\n"
+    assert ids[-1] == tok.eos_id and not mask[-1]
+    assert tok.token_to_id("<|im_end|>") in end_of_turn_ids(tok)
+    assert tok.encode("\n")[0] not in end_of_turn_ids(tok)  # the template's "\n" after <|im_end|> is no stop
