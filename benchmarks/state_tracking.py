@@ -242,8 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--preset", default="state-tracking", help="preset (model and optimiser settings)")
-    p.add_argument("--train-len", type=int, default=16, help="L: training prompts have 1..L moves")
-    p.add_argument("--steps", type=int, default=1500, help="optimizer steps of fbt and baseline")
+    p.add_argument("--train-len", type=int, default=8, help="L: training prompts have 1..L moves")
+    p.add_argument("--steps", type=int, default=600, help="optimizer steps of fbt and baseline")
     p.add_argument("--grad-passes", type=int, default=0, help="FBT: backpropagate through the last N passes (0 = all)")
     p.add_argument("--curriculum", type=float, default=0.5, help="fraction of steps over which max length grows")
     p.add_argument("--eval-rows", type=int, default=200)
@@ -256,7 +256,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.max_multiple_index = len(MULTIPLES)
     if args.quick:
-        args.train_len, args.steps, args.eval_rows, args.seeds = 4, 6, 8, args.seeds[:1]
+        args.train_len, args.steps, args.eval_rows, args.seeds = 2, 3, 4, args.seeds[:1]
         args.max_multiple_index = 2
     unknown = set(args.tasks.split(",")) - set(STATE_TRACKING_TASKS)
     if unknown:
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> None:
                     model, info = train_model(task, kind, seed, config, args, steps)
                     modes = ("exact", "plain") if kind == "fbt" else ("plain",)
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
-                              "grad_passes": args.grad_passes, "curriculum": args.curriculum, "train": info,
+                              "grad_passes": args.grad_passes, "curriculum": args.curriculum,
+                              "batch_size": args.batch_size, "train": info,
                               "eval": evaluate(model, task, args, modes)}
                     with out.open("a") as f:
                         f.write(json.dumps(record) + "\n")

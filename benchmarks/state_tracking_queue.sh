@@ -1,0 +1,13 @@
+#!/bin/sh
+# The order in which the state-tracking results of docs/results.md were produced (resumable: every
+# call skips the task/seed/model triples already in the JSONL). Run from the repository root:
+#   nohup sh benchmarks/state_tracking_queue.sh > runs/state_tracking.log 2>&1 &
+set -e
+run() { python benchmarks/state_tracking.py --threads 1 --plot "" "$@"; }
+run --tasks parity --seeds 0 1 2 --models fbt,baseline
+run --tasks parity --seeds 0 --models baseline_compute
+run --tasks flipflop,cycle,summod,s3,s5 --seeds 0 --models fbt,baseline
+run --tasks parity --seeds 1 2 --models baseline_compute
+run --tasks flipflop,cycle,summod,s3,s5 --seeds 1 2 --models fbt,baseline
+run --tasks flipflop,cycle,summod,s3,s5 --seeds 0 1 2 --models baseline_compute
+python benchmarks/state_tracking.py --summary-only
