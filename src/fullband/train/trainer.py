@@ -1,4 +1,4 @@
-"""The training loop: the scheduled multi-pass objective of SPEC §3 on one CPU, one GPU, or many
+"""The training loop: the scheduled multi-pass objective of docs/method.md §4-5 on one CPU, one GPU, or many
 GPUs under torchrun (DDP or FSDP2), with atomic checkpoints and exact resume.
 
 Randomness is derived from (seed, step, micro-batch, global row) rather than carried in a global RNG:
@@ -40,6 +40,7 @@ from fullband.train.checkpoint import (
 from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.schedule import PassSchedule
+from fullband.train.teardown import destroy_process_groups, prepare_process_group
 
 # Fields a mid-training run may set differently from the checkpoint it starts from.
 FEEDBACK_FIELDS = ("fusion", "feedback_source", "feedback_jitter")
@@ -114,6 +115,7 @@ class Trainer:
             torch.cuda.set_device(self.device)
         self._owns_process_group = False
         if self.world_size > 1 and not dist.is_initialized():
+            prepare_process_group()
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
             self._owns_process_group = True
         self.is_main = self.rank == 0
@@ -306,10 +308,10 @@ class Trainer:
             self._barrier()  # every rank is done with the last collective before the group goes away
             return result
         finally:
-            # Tear the process group down explicitly: leaving it to interpreter exit lets one rank close its
-            # gloo connections while the other still holds them, which can abort the process (SIGABRT).
+            # Destroy the process group for real while Python is alive: a group that survives into interpreter
+            # shutdown can abort the process there (SIGABRT; see fullband.train.teardown).
             if self._owns_process_group and dist.is_initialized():
-                dist.destroy_process_group()
+                destroy_process_groups()
 
     def _run(self) -> TrainResult:
         t, cfg = self.train_cfg, self.cfg

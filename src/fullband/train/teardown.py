@@ -1,0 +1,58 @@
+"""Setting up and tearing down torch.distributed so that no collective's worker thread outlives Python.
+
+Why this is needed: a gloo worker thread frees each finished collective (its work object and the tensors
+it holds) just after waking the caller. When that happens while the interpreter is finalizing, taking the
+GIL to free a tensor's Python object makes Python end the thread (pthread_exit); the forced unwinding
+meets a noexcept destructor and the process aborts with "terminate called without an active exception"
+(SIGABRT) after a run that otherwise finished. `destroy_process_group` prevents it only if it really
+destroys the group: the group's destructor then joins its worker threads (with the GIL released) while
+Python is still alive. Two kinds of references keep the group alive past `destroy_process_group`:
+
+- default arguments of `torch.distributed.nn` functions (`group=group.WORLD`), evaluated when that module
+  is first imported — which creating any torch optimizer does, through `torch._dynamo`;
+- the sharding caches where FSDP2's DTensors leave their device mesh, which holds the group.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import torch.distributed as dist
+
+
+def prepare_process_group() -> None:
+    """Call before ``init_process_group``: imports ``torch.distributed.nn`` while no world group exists,
+    so that its default arguments hold None rather than the group."""
+    import torch.distributed.nn  # noqa: F401
+
+
+def destroy_process_groups() -> None:
+    """Release torch's cached references to device meshes, collect reference cycles (DDP and FSDP
+    objects), then destroy every process group. With no reference left, each group's destructor joins
+    its worker threads now rather than during interpreter shutdown."""
+    _clear_dtensor_caches()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
+
+
+def _clear_dtensor_caches() -> None:
+    """Empty the DTensor caches that keep device meshes (and so process groups) alive. These are torch
+    internals: each is looked up defensively, so a torch version without one of them simply skips it."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # no DTensor was ever created
+    from torch.distributed.tensor import DTensor, debug
+
+    clears = [getattr(debug, "_clear_sharding_prop_cache", None)]
+    propagator = getattr(getattr(DTensor, "_op_dispatcher", None), "sharding_propagator", None)
+    clears.append(getattr(getattr(propagator, "_propagate_tensor_meta_cached", None), "cache_clear", None))
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    clears.append(getattr(getattr(redistribute, "_gen_transform_infos", None), "cache_clear", None))
+    clears.append(getattr(redistribute, "clear_redistribute_planner_cache", None))
+    collective_utils = sys.modules.get("torch.distributed.tensor._collective_utils")
+    topo = getattr(collective_utils, "MeshTopoInfo", None)
+    clears.append(getattr(getattr(topo, "build_from_mesh", None), "cache_clear", None))
+    for clear in clears:
+        if clear is not None:
+            clear()
