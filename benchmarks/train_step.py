@@ -1,4 +1,4 @@
-"""Time per optimizer step and peak memory of K-pass training (SPEC §3) against a plain transformer.
+"""Time per optimizer step and peak memory of K-pass training (docs/method.md §4) against a plain transformer.
 
 Variants, same model size, batch and sequence length, train mode, AdamW:
 

@@ -58,7 +58,7 @@ def shift(h: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def reference_recurrence(model: FullBandLM, ids: torch.Tensor, plain: torch.Tensor | None = None):
-    """The exact recurrence of SPEC §2, uncached and token by token: position t is recomputed from
+    """The exact recurrence of docs/method.md §2, uncached and token by token: position t is recomputed from
     scratch over the prefix 0..t, fused with the previously computed h_{t-1} unless plain.
 
     Returns (logits (B, T, V), hidden (B, T, D))."""

@@ -51,7 +51,7 @@ def ref_fusion(sd, cfg, e, h):
 
 
 def ref_forward(sd, cfg: FullBandConfig, ids: torch.Tensor, feedback=None, plain=None):
-    """One sequence (1-D ids) through the stack, written from SPEC §2 and the config's documentation."""
+    """One sequence (1-D ids) through the stack, written from docs/method.md §2-3 and the config's documentation."""
     eps, H, KV, hd = cfg.norm_eps, cfg.n_heads, cfg.n_kv_heads, cfg.resolved_head_dim
     T = ids.shape[0]
     x = sd["embed.weight"][ids]

@@ -1,4 +1,5 @@
-"""The pass schedule (SPEC §3): presets, the paper's 75/22/3 mix, seeded draws, validation; and the lr schedule."""
+"""The pass schedule (docs/method.md §5): presets, the paper's 75/22/3 mix, seeded draws, validation; and the lr
+schedule."""
 
 from __future__ import annotations
 

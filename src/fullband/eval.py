@@ -1,5 +1,5 @@
 """Validation: loss per decode mode, per number of fused passes, the exact sequential limit, and
-the Jacobi convergence of the pass iteration (SPEC §6)."""
+the Jacobi convergence of the pass iteration (docs/method.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decoding with a preallocated KV cache in the three modes of SPEC §4.
+"""Decoding with a preallocated KV cache in the three modes of docs/method.md §6.
 
 - ``standard``: plain prefill, plain decoding.
 - ``soft``: plain prefill; every generated token is fused with the previous position's top state
@@ -324,7 +324,7 @@ def sequential_forward(
     plain_mask: torch.Tensor | None = None,
     segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact recurrence of SPEC §2 over a given sequence (teacher forcing), one token at a time
+    """The exact recurrence (docs/method.md §2) over a given sequence (teacher forcing), one token at a time
     with the KV cache: position t is fused with h_{t-1} unless it is position 0 or in ``plain_mask``.
     ``segment_ids``: packed documents that do not see each other (as in ``FullBandLM.forward``); the
     caller marks their first positions plain.

@@ -2,7 +2,7 @@
 
 A decoder-only transformer (pre-norm RMSNorm blocks, RoPE, SwiGLU, grouped-query attention) whose
 input at position t can be the token embedding fused with the previous position's top hidden state
-(SPEC §2). The same ``forward`` serves training, multi-pass training, prefill and cached decoding.
+(docs/method.md §2-3). The same ``forward`` serves training, multi-pass training, prefill and cached decoding.
 
 This file imports nothing from the rest of the package on purpose: the Hugging Face export copies it
 next to the weights so that ``trust_remote_code`` models run exactly this code.
@@ -242,7 +242,7 @@ class Block(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
-# The latent feedback: fusing the previous top state h with the token embedding e (SPEC §2)
+# The latent feedback: fusing the previous top state h with the token embedding e (docs/method.md §3)
 
 
 class Fusion(nn.Module):
@@ -454,8 +454,8 @@ class FullBandLM(nn.Module):
         fused_tol: float = DEFAULT_FUSED_TOL,
         fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
     ) -> ModelOutput:
-        """The prompt pass of SPEC §4: one plain pass, then ``fused_passes`` fused passes (fused(n) mode),
-        each fusing the previous pass's states shifted by one position. Padding and each row's first
+        """The prompt pass of decoding (docs/method.md §6): one plain pass, then ``fused_passes`` fused passes
+        (fused(n) mode), each fusing the previous pass's states shifted by one position. Padding and each row's first
         real token stay plain. With a cache, it ends up holding the last pass's keys and values.
 
         ``fused_passes="auto"`` (adaptive fused prefill): each row runs fused passes until the largest
@@ -555,7 +555,7 @@ class FullBandLM(nn.Module):
             masks[window] = allowed.unsqueeze(1)
         return masks
 
-    # ---- multi-pass (Jacobi) computation and the training objective (SPEC §3) --------------------
+    # ---- multi-pass (Jacobi) computation and the training objective (docs/method.md §4) ------
 
     def multipass(
         self,

@@ -5,7 +5,7 @@ This file is copied next to exported weights (with ``configuration_fullband.py``
 ``fullband.hf.register()`` registers the same classes. The maths is fullband's own ``FullBandLM``: this
 wrapper only routes ``transformers``' generation loop through it.
 
-``generate(decode_mode=..., fused_passes=...)`` (SPEC §4):
+``generate(decode_mode=..., fused_passes=...)`` (docs/method.md §6):
 
 - ``"standard"``: the model as an ordinary transformer;
 - ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
@@ -305,7 +305,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
 
     def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes, tol, max_passes):
         """Plain pass, plus ``passes`` (or "auto": adaptive, ``tol``/``max_passes``) fused passes in fused
-        mode (SPEC §4); padding and each row's first position stay plain. With ``kv`` the cache of the last
+        mode (docs/method.md §6); padding and each row's first position stay plain. With ``kv`` the cache of the last
         pass is kept. Returns logits, hidden states and the (B,) fused passes each row ran."""
         T = input_ids.shape[1]
         mask = None if attention_mask is None else attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)

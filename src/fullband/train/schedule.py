@@ -1,4 +1,4 @@
-"""The pass schedule of SPEC §3: phases over the fraction of the token budget, each a distribution
+"""The pass schedule of docs/method.md §5: phases over the fraction of the token budget, each a distribution
 over the number of passes K. K is drawn from a generator seeded by (seed, step), so every rank of a
 distributed run, and a resumed run, draw the same K for the same step."""
 
