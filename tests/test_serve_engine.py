@@ -11,6 +11,7 @@ import torch
 from conftest import make_model, reference_decode
 
 from fullband.generation import generate
+from fullband.serve import engine as engine_module
 from fullband.serve.engine import Engine, QueueFull, SamplingParams, Sequence
 
 MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3)]
@@ -35,21 +36,32 @@ def reference(model, prompt, params: SamplingParams) -> list[int]:
     return tokens.tolist()
 
 
+def record_prefills(model, monkeypatch) -> list[tuple[int, int]]:
+    """(rows, padded length) of every prefill call the engine makes."""
+    shapes = []
+    real_prefill = model.prefill
+    monkeypatch.setattr(model, "prefill", lambda ids, *a, **k: shapes.append(tuple(ids.shape)) or real_prefill(
+        ids, *a, **k))
+    return shapes
+
+
 @pytest.mark.parametrize("window", [False, True])
-def test_staggered_joins_match_generate(single_thread, window):
+def test_staggered_joins_match_generate(single_thread, monkeypatch, window):
     extra = dict(n_kv_heads=2, sliding_window=5, full_attention_every=2) if window else {}
     model = make_model(seed=1, dtype=torch.float64, max_seq_len=48, **extra)
     g = torch.Generator().manual_seed(0)
-    # Prompts of different lengths, modes mixed, joining at different steps; a long prompt joining a batch
-    # whose write position is behind it forces the left shift, and the long run forces compactions.
+    # Prompts of different lengths, modes mixed, joining at different steps, three at a time (prefilled
+    # together when their fused passes agree); a long prompt joining a batch whose write position is behind
+    # it forces the left shift, and the long run forces compactions.
     plan = []  # (join step, prompt, params)
-    for i in range(10):
+    for i in range(12):
         mode, passes = MODES[i % len(MODES)]
         length = int(torch.randint(1, 20, (1,), generator=g))
         prompt = torch.randint(0, 64, (length,), generator=g).tolist()
-        plan.append((3 * i, prompt, SamplingParams(max_tokens=int(torch.randint(1, 28, (1,), generator=g)),
+        plan.append((5 * (i // 3), prompt, SamplingParams(max_tokens=int(torch.randint(1, 28, (1,), generator=g)),
                                                    mode=mode, fused_passes=passes, logprobs=2)))
-    engine = Engine(model, max_batch=4, max_queue=16)
+    shapes = record_prefills(model, monkeypatch)
+    engine = Engine(model, max_batch=6, max_queue=16)
     sequences = []
     for step in range(10_000):
         for join, prompt, params in plan:
@@ -61,6 +73,7 @@ def test_staggered_joins_match_generate(single_thread, window):
             break
         engine.step()
     assert engine.counters["compactions"] > 0
+    assert any(rows > 1 for rows, _ in shapes), shapes  # some sequences were prefilled together
     for _seq, events, prompt, params in sequences:
         got = [e.token for e in events]
         assert got == reference(model, prompt, params), (params.mode, params.fused_passes)
@@ -72,6 +85,22 @@ def test_staggered_joins_match_generate(single_thread, window):
                                    expected[torch.arange(len(got)), got], rtol=0, atol=1e-10)
         assert [[t for t, _ in e.top_logprobs] for e in events] == expected.topk(2).indices.tolist()
     assert engine.stats()["running"] == 0 and engine._cache is None
+
+
+def test_joining_prompts_are_prefilled_in_bounded_groups(single_thread, monkeypatch):
+    monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 20)
+    model = make_model(seed=6, dtype=torch.float64, max_seq_len=40)
+    shapes = record_prefills(model, monkeypatch)
+    engine = Engine(model, max_batch=8)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], list(range(11, 23)), [23, 24, 25], [26, 27]]
+    modes = ["soft", "standard", "soft", "standard", "fused"]
+    runs = [collect(p, SamplingParams(max_tokens=6, mode=m)) for p, m in zip(prompts, modes)]
+    engine.submit([seq for seq, _ in runs])
+    run_to_end(engine, [seq for seq, _ in runs])
+    # Plain prefills: 5 + 5 together (2 x 5 <= 20), then 12 alone (3 x 12 > 20), then 3 (2 x 12 > 20); fused apart.
+    assert shapes == [(2, 5), (1, 12), (1, 3), (1, 2)]
+    for (seq, events), prompt in zip(runs, prompts):
+        assert [e.token for e in events] == reference(model, prompt, seq.params)
 
 
 def test_stop_tokens_cancel_and_queue_limits(single_thread):

@@ -1,9 +1,10 @@
 """Continuous batching for the server: one scheduler owns the model and steps every active sequence together.
 
 Layout (no change to the model is needed): all rows of the running batch share one KV-cache write
-position, like ``generate``'s left padding. A joining request is prefilled alone (``model.prefill``:
-plain, or plain plus n fused passes), and its keys and values are copied into the batch cache
-right-aligned at the current write position; the columns before them are masked for that row through
+position, like ``generate``'s left padding. Joining requests are prefilled apart from the running batch
+(``model.prefill``: plain, or plain plus n fused passes; those that need the same passes together,
+left-padded), and each one's keys and values are copied into the batch cache right-aligned at the current
+write position; the columns before them are masked for that row through
 ``KVCache.key_mask``, and its RoPE positions continue from its own length. Each row therefore sees
 exactly its own tokens, contiguous and ending at the query, so sliding windows stay exact too.
 Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state:
@@ -25,12 +26,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fullband.generation import MODES, sample_next
+from fullband.generation import MODES, left_pad, sample_next
 from fullband.model import FullBandLM, KVCache
 
 log = logging.getLogger("fullband.serve")
 
 MAX_TOP_LOGPROBS = 20
+# Padded prompt positions per prefill call: joining prompts are prefilled together up to this size (the
+# attention mask of a call grows with its square).
+PREFILL_TOKENS = 8192
 
 
 class QueueFull(RuntimeError):
@@ -213,35 +217,55 @@ class Engine:
                 self.counters["cancelled"] += 1
 
     def _admit(self) -> None:
-        while True:
-            with self._cond:
-                if not self._waiting or len(self._rows) >= self.max_batch:
-                    return
-                seq = self._waiting.popleft()
-            try:
-                self._prefill_and_join(seq)
-            except Exception as exc:  # a request that fails alone must not take the batch down
-                log.exception("prefill failed")
-                seq.finished = True
-                self.counters["failed"] += 1
-                seq.sink(Event(error=f"internal error while reading the prompt: {exc}"))
+        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
+        same number of fused passes are prefilled together (left-padded, as ``generate`` does), up to
+        ``PREFILL_TOKENS`` padded positions per call."""
+        with self._cond:
+            room = self.max_batch - len(self._rows)
+            joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        groups: dict[int, list[list[Sequence]]] = {}
+        for seq in joining:
+            chunks = groups.setdefault(seq.params.fused_passes if seq.params.mode == "fused" else 0, [[]])
+            longest = max([len(seq.prompt_ids), *(len(s.prompt_ids) for s in chunks[-1])])
+            if chunks[-1] and (len(chunks[-1]) + 1) * longest > PREFILL_TOKENS:
+                chunks.append([])
+            chunks[-1].append(seq)
+        for passes, chunks in groups.items():
+            for group in chunks:
+                try:
+                    self._prefill_and_join(group, passes)
+                except Exception as exc:  # requests that fail alone must not take the batch down
+                    log.exception("prefill failed")
+                    for seq in group:
+                        self._finish(seq, "failed")
+                        seq.sink(Event(error=f"internal error while reading the prompt: {exc}"))
 
-    def _prefill_and_join(self, seq: Sequence) -> None:
-        p = seq.params
-        seq.generator = torch.Generator(device=self.device)
-        if p.seed is None:
-            seq.generator.seed()
-        else:
-            seq.generator.manual_seed(p.seed)
+    def _prefill_and_join(self, group: list[Sequence], passes: int) -> None:
+        ids, mask = left_pad([seq.prompt_ids for seq in group])
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        width = ids.shape[1]
+        own = KVCache(self.model.config, len(group), width, self.device, self.dtype)
+        out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
+                                 logits_to_keep=1)
+        for i, seq in enumerate(group):
+            seq.generator = torch.Generator(device=self.device)
+            if seq.params.seed is None:
+                seq.generator.seed()
+            else:
+                seq.generator.manual_seed(seq.params.seed)
+            n = len(seq.prompt_ids)
+            keys = [t[i : i + 1, :, width - n :] for t in own.k]
+            values = [t[i : i + 1, :, width - n :] for t in own.v]
+            self._join(seq, keys, values, out.logits[i : i + 1, -1], out.hidden[i : i + 1, -1:])
+
+    def _join(self, seq: Sequence, keys: list[torch.Tensor], values: list[torch.Tensor], logits: torch.Tensor,
+              state: torch.Tensor) -> None:
+        """Add a prefilled sequence to the batch: its n cached positions end at the write position."""
         n = len(seq.prompt_ids)
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
-        own = KVCache(self.model.config, 1, n, self.device, self.dtype)
-        out = self.model.prefill(ids, p.fused_passes if p.mode == "fused" else 0, past_key_values=own,
-                                 use_cache=True, logits_to_keep=1)
-        standard = p.mode == "standard"
+        standard = seq.params.mode == "standard"
         row = dict(
-            logits=out.logits[:, -1],
-            state=out.hidden[:, -1:],
+            logits=logits,
+            state=state,
             positions=torch.full((1, 1), n, dtype=torch.long, device=self.device),
             plain=torch.full((1, 1), standard, dtype=torch.bool, device=self.device),
         )
@@ -254,8 +278,8 @@ class Engine:
         k = [t.new_zeros(1, *t.shape[1:]) for t in cache.k]
         v = [t.new_zeros(1, *t.shape[1:]) for t in cache.v]
         for layer in range(len(k)):
-            k[layer][:, :, width - n : width] = own.k[layer]
-            v[layer][:, :, width - n : width] = own.v[layer]
+            k[layer][:, :, width - n : width] = keys[layer]
+            v[layer][:, :, width - n : width] = values[layer]
         mask = torch.zeros(1, cache.max_len, dtype=torch.bool, device=self.device)
         mask[:, width - n : width] = True
         cache.k = [torch.cat([a, b]) for a, b in zip(cache.k, k)]
