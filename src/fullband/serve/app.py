@@ -181,9 +181,8 @@ def create_app(
     model_name: str,
     decode_mode: str = "soft",
     fused_passes: int = 1,
-    manage_engine: bool = True,
 ) -> FastAPI:
-    """The API around a (started or, with ``manage_engine``, to be started) engine."""
+    """The API around ``engine``, which the app starts and stops with its lifespan."""
     if decode_mode not in MODES:
         raise ValueError(f"unknown decode mode {decode_mode!r}; choose one of {', '.join(MODES)}")
     if fused_passes < 1:
@@ -194,11 +193,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if manage_engine:
-            engine.start()
+        engine.start()
         yield
-        if manage_engine:
-            engine.stop()
+        engine.stop()
 
     app = FastAPI(title="fullband", lifespan=lifespan)
 
