@@ -6,6 +6,8 @@ Everything here is deliberately independent of the code under test's internals: 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -20,6 +22,30 @@ FEATURES = {
     "gqa_qknorm_untied": dict(n_kv_heads=2, qk_norm=True, tie_embeddings=False),
     "gate_window": dict(n_kv_heads=2, attn_output_gate=True, sliding_window=4, full_attention_every=2),
 }
+
+
+# The core equivalence tests run on the device named by FULLBAND_TEST_DEVICE (default cpu; e.g. cuda), and
+# with FULLBAND_TEST_DTYPE=bfloat16 their float32 cases run in bf16 with the tolerance bf16 allows (float64
+# cases test exactness and stay float64). benchmarks/gpu_check.sh runs them both ways on a GPU.
+TEST_DEVICE = os.environ.get("FULLBAND_TEST_DEVICE", "cpu")
+TEST_BF16 = os.environ.get("FULLBAND_TEST_DTYPE", "float32").lower() in ("bf16", "bfloat16")
+# bf16 keeps 8 bits of mantissa: logits of these tiny models (|logit| < ~5) agree to ~2^-8 relative per
+# rounding, and a few layers of differently ordered reductions (cached vs uncached) compound that.
+BF16_ATOL = 0.1
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device of the core equivalence tests (FULLBAND_TEST_DEVICE)."""
+    if TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"FULLBAND_TEST_DEVICE={TEST_DEVICE} but CUDA is not available")
+    return torch.device(TEST_DEVICE)
+
+
+def float32_case(atol: float) -> tuple[torch.dtype, float]:
+    """(dtype, atol) of a float32 equivalence check: float32 and ``atol`` unless FULLBAND_TEST_DTYPE asks
+    for the bf16 variant."""
+    return (torch.bfloat16, BF16_ATOL) if TEST_BF16 else (torch.float32, atol)
 
 
 @pytest.fixture
@@ -65,12 +91,12 @@ def reference_recurrence(model: FullBandLM, ids: torch.Tensor, plain: torch.Tens
     B, T = ids.shape
     if plain is None:
         plain = torch.zeros(B, T, dtype=torch.bool)
-    plain = plain.clone()
+    plain = plain.to(model.device).clone()
     plain[:, 0] = True
     D = model.config.d_model
     dtype = model.embed.weight.dtype
-    hidden = torch.zeros(B, T, D, dtype=dtype)
-    logits = torch.zeros(B, T, model.config.vocab_size, dtype=dtype)
+    hidden = torch.zeros(B, T, D, dtype=dtype, device=model.device)
+    logits = torch.zeros(B, T, model.config.vocab_size, dtype=dtype, device=model.device)
     for t in range(T):
         out = model(ids[:, : t + 1], feedback=shift(hidden[:, : t + 1]), plain_mask=plain[:, : t + 1])
         hidden[:, t] = out.hidden[:, t]
@@ -96,11 +122,13 @@ def reference_decode(
 
     Returns (tokens (n_new,), per-step logits (n_new, V)); the prompt must be (1, T)."""
     T = prompt.shape[1]
-    fb = torch.zeros(1, T, model.config.d_model, dtype=model.embed.weight.dtype)
-    plain = torch.ones(1, T, dtype=torch.bool)
+    dev = model.device
+    prompt = prompt.to(dev)
+    fb = torch.zeros(1, T, model.config.d_model, dtype=model.embed.weight.dtype, device=dev)
+    plain = torch.ones(1, T, dtype=torch.bool, device=dev)
     if mode == "fused":
         h = model(prompt).hidden
-        pos0 = torch.zeros(1, T, dtype=torch.bool)
+        pos0 = torch.zeros(1, T, dtype=torch.bool, device=dev)
         pos0[:, 0] = True
         for _ in range(fused_passes - 1):
             h = model(prompt, feedback=shift(h), plain_mask=pos0).hidden
@@ -112,7 +140,7 @@ def reference_decode(
         step_logits.append(out.logits[0, -1])
         tok = out.logits[0, -1].argmax() if forced is None else forced[j]
         tokens.append(int(tok))
-        seq = torch.cat([seq, torch.tensor([[int(tok)]])], dim=1)
+        seq = torch.cat([seq, torch.tensor([[int(tok)]], device=dev)], dim=1)
         fb = torch.cat([fb, out.hidden[:, -1:]], dim=1)
-        plain = torch.cat([plain, torch.zeros(1, 1, dtype=torch.bool)], dim=1)
-    return torch.tensor(tokens), torch.stack(step_logits)
+        plain = torch.cat([plain, torch.zeros(1, 1, dtype=torch.bool, device=dev)], dim=1)
+    return torch.tensor(tokens, device=dev), torch.stack(step_logits)

@@ -250,11 +250,11 @@ ATOL64 = 1e-9
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("feature", FEATURES)
-def test_multipass_converges_to_sequential_recurrence(feature, fusion, source):
-    model = make_model(dtype=torch.float64, fusion=fusion, feedback_source=source, **FEATURES[feature])
+def test_multipass_converges_to_sequential_recurrence(feature, fusion, source, device):
+    model = make_model(dtype=torch.float64, fusion=fusion, feedback_source=source, **FEATURES[feature]).to(device)
     T = 10
     torch.manual_seed(4)
-    ids = torch.randint(0, 64, (2, T))
+    ids = torch.randint(0, 64, (2, T)).to(device)
     seq_logits, seq_hidden = sequential_forward(model, ids)
     ref_logits, ref_hidden = reference_recurrence(model, ids)
     torch.testing.assert_close(seq_logits, ref_logits, atol=ATOL64, rtol=0)

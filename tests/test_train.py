@@ -109,13 +109,16 @@ def test_metrics_jsonl_fields_per_step(tmp_path, parity_data):
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
-def test_resume_is_bitwise_exact_across_a_k_phase_change(tmp_path, parity_data, grad_accum):
+def test_resume_is_bitwise_exact_across_a_k_phase_change(tmp_path, parity_data, grad_accum, device):
     n = 3
+    # On a GPU (FULLBAND_TEST_DEVICE) in float32: kernels such as the embedding backward accumulate in a
+    # nondeterministic order there, so equality is up to float32 rounding rather than bitwise.
     sections = dict(
         train={"tokens": steps_of(2 * n, grad_accum), "grad_accum": grad_accum, "schedule": SWITCH_SCHEDULE,
-               "prefix_mixin": 1.0, "warmup_steps": 2, "seed": 3},
+               "prefix_mixin": 1.0, "warmup_steps": 2, "seed": 3, "device": str(device), "dtype": "float32"},
         model={"feedback_jitter": 0.02},
     )
+    same = (lambda x, y: x == y) if device.type == "cpu" else (lambda x, y: x == pytest.approx(y, rel=1e-4, abs=1e-6))
     schedule = PassSchedule.parse(SWITCH_SCHEDULE)
     ks = [schedule.passes_for_step(s, 2 * n, 3) for s in range(2 * n)]
     assert ks[:n] == [1] * n and set(ks[n:]) == {2, 3}, ks  # the phase changes right after step n
@@ -133,15 +136,20 @@ def test_resume_is_bitwise_exact_across_a_k_phase_change(tmp_path, parity_data, 
     a, b = read_metrics(straight), read_metrics(split)
     assert [r["step"] for r in b] == list(range(1, 2 * n + 1))
     assert [r["passes"] for r in a] == [r["passes"] for r in b] == ks
-    assert [r["loss"] for r in a] == [r["loss"] for r in b]
-    assert [r["pass_losses"] for r in a] == [r["pass_losses"] for r in b]
+    assert same([r["loss"] for r in a], [r["loss"] for r in b])
+    assert all(same(x["pass_losses"], y["pass_losses"]) for x, y in zip(a, b))
     assert [r["lr"] for r in a] == [r["lr"] for r in b]
     # and the final weights are identical
     from safetensors.torch import load_file
 
     wa = load_file(str(list_checkpoints(straight)[-1] / "model" / "model.safetensors"))
     wb = load_file(str(list_checkpoints(split)[-1] / "model" / "model.safetensors"))
-    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        if device.type == "cpu":
+            assert bool((wa[k] == wb[k]).all()), k
+        else:
+            assert same(wa[k].flatten().tolist(), wb[k].flatten().tolist()), k
 
 
 def test_resume_of_a_finished_run_does_nothing_more(tmp_path, parity_data):
