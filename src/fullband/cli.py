@@ -4,40 +4,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import os
 import sys
-import typing
 from pathlib import Path
 from typing import Any
 
-from fullband.config import SECTIONS, RunConfig, field_help, load_config
+from fullband.cli_options import add_config_options
+from fullband.config import RunConfig, load_config
 from fullband.errors import FullbandError
-from fullband.loading import PRESET_DIR, default_data_dir, default_device, encode_prompt, load_model, preset_path
+from fullband.loading import default_data_dir, default_device, encode_prompt, load_model, preset_path
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
-
-
-def _type_name(annotation: Any) -> str:
-    text = str(annotation).replace("typing.", "")
-    return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
-            "<class 'bool'>": "BOOL"}.get(text, text.upper())
-
-
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
-                        + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"{section} options")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            group.add_argument(
-                f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                metavar=_type_name(hints[f.name]),
-                help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
-            )
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

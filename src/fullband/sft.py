@@ -31,7 +31,7 @@ SFT_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from fullband.cli import add_config_options
+    from fullband.cli_options import add_config_options
 
     p = subparsers.add_parser(
         "sft", help="instruction-tune a model on chat records (train --init-from with 3 passes, chat format)")

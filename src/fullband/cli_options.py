@@ -1,0 +1,34 @@
+"""Command-line options derived from the config dataclasses (``--section.field VALUE``), shared by the
+commands that take a run config (``fullband prepare``, ``train``, ``sft``), so that their modules do not
+import the ``fullband`` command itself."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from fullband.config import SECTIONS, field_help
+from fullband.loading import PRESET_DIR
+
+
+def _type_name(annotation: Any) -> str:
+    text = str(annotation).replace("typing.", "")
+    return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
+            "<class 'bool'>": "BOOL"}.get(text, text.upper())
+
+
+def add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
+                        + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} options")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            group.add_argument(
+                f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
+                metavar=_type_name(hints[f.name]),
+                help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
+            )
