@@ -143,6 +143,7 @@ def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
     ax_change.set_ylabel("relative change on positions >= k")
     for ax in (ax_loss, ax_change):
         ax.set_xscale("symlog", linthresh=1)  # log-scaled pass axis that still shows k = 0
+        ax.set_xlim(left=0)
         ax.set_xlabel("fused passes k")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
