@@ -18,7 +18,7 @@ def _figure(results: dict, out: Path, value: str, ci: str, ylabel: str, title: s
     except ImportError:
         raise FullbandError("plots need matplotlib: pip install 'fullband[plot]' (or pass --no-plots)") from None
     tasks = list(results)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(max(7, 5 * len(tasks)), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         modes = results[task]
         for i, (mode, temps) in enumerate(modes.items()):
@@ -47,6 +47,6 @@ def _figure(results: dict, out: Path, value: str, ci: str, ylabel: str, title: s
 
 def plot_results(results: dict, out_dir: Path) -> None:
     _figure(results, out_dir / "accuracy.png", "accuracy", "accuracy_ci", "accuracy (pass@1)",
-            "Accuracy by decode mode and temperature (circled: best temperature per mode)")
+            "Accuracy per decode mode (circled: best temperature of each mode)")
     _figure(results, out_dir / "lengths.png", "median_length", "median_length_ci", "median generated tokens",
-            "Generated length by decode mode and temperature (circled: best-accuracy temperature)")
+            "Generated length per decode mode (circled: best-accuracy temperature)")
