@@ -41,8 +41,10 @@ def model_dir(tmp_path_factory) -> Path:
 def model_and_tokenizer(model_dir):
     from fullband.loading import load_model
 
-    torch.set_num_threads(1)
-    return load_model(model_dir, device="cpu")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models run fastest on one thread
+    yield load_model(model_dir, device="cpu")
+    torch.set_num_threads(previous)
 
 
 def settings(**overrides) -> BenchSettings:

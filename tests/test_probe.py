@@ -144,11 +144,10 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def test_cli_end_to_end(model_dir, tmp_path, capsys):
+def test_cli_end_to_end(model_dir, tmp_path, capsys, single_thread):
     """Delayed memory with delay 1 (the target is the previous digit): at layer 0 a standard pass sees only
     the current token (chance), while one fused pass feeds in the previous position's top state, which
     even a random model's residual stream ties to that position's token."""
-    torch.set_num_threads(1)
     out = tmp_path / "out"
     argv = ["probe", model_dir, "--task", "synthetic:delayed:delay=1,min_len=8,max_len=16", "--examples", "60",
             "--modes", "standard,fused:1", "--out", out, "--device", "cpu"]
