@@ -108,16 +108,16 @@ def test_batched_ragged_equals_one_by_one_with_different_stopping_passes(feature
     for i, single in enumerate(singles):
         assert torch.equal(batched[i], single), (i, batched[i], single)
     # The logits a row ends its prefill with are those of fused(k*) alone, to float64 precision.
-    ids_left = [torch.tensor([p]) for p in prompts]
+    width = max(map(len, prompts))
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for j, p in enumerate(prompts):
+        ids[j, width - len(p):] = torch.tensor(p)
+        mask[j, width - len(p):] = True
+    batched_out = model.prefill(ids, "auto", attention_mask=mask, fused_tol=tol, fused_max_passes=6)
+    assert batched_out.passes.tolist() == single_passes
     for i, k in enumerate(single_passes):
-        alone = model.prefill(ids_left[i], k).logits[0, -1]
-        width = max(map(len, prompts))
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-        for j, p in enumerate(prompts):
-            ids[j, width - len(p):] = torch.tensor(p)
-            mask[j, width - len(p):] = True
-        batched_out = model.prefill(ids, "auto", attention_mask=mask, fused_tol=tol, fused_max_passes=6)
+        alone = model.prefill(torch.tensor([prompts[i]]), k).logits[0, -1]
         torch.testing.assert_close(batched_out.logits[i, -1], alone, atol=1e-12, rtol=0)
 
 
