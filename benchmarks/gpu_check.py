@@ -148,6 +148,7 @@ def cmd_train(args: argparse.Namespace) -> dict:
                                                  compile_model, args.peak_tflops)
         except Exception as exc:  # a failing compile must not hide the eager figures
             payload["runs"][key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        write_json(Path(args.out), "train", payload)  # the eager figures survive a time limit hit while compiling
     return payload
 
 
