@@ -233,6 +233,7 @@ def cmd_dist_worker(args: argparse.Namespace) -> dict | None:
             result[parallel] = _dist_steps(parallel, device, rank, world, args.tiny)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        print(f"rank {rank}: {result['error']}", file=sys.stderr, flush=True)  # in the log even if teardown hangs
     finally:
         if dist.is_initialized():
             destroy_process_groups()
