@@ -303,7 +303,8 @@ def markdown(parts: dict) -> str:
     for name in ("tests_float32", "tests_bf16"):
         if name in parts:
             t = parts[name]
-            lines.append(f"- equivalence tests ({name[6:]}): exit {t.get('exit_code')}: {t.get('summary', '')}")
+            limit = " (time limit)" if t.get("timed_out") else ""
+            lines.append(f"- equivalence tests ({name[6:]}): exit {t.get('exit_code')}{limit}: {t.get('summary', '')}")
     train = parts.get("train")
     if train:
         lines += ["", f"## Training, {train['parameters'] / 1e6:.1f}M parameters, batch {train['batch']} × "
