@@ -49,9 +49,19 @@ def from_position(batch: Batch, k: int) -> Batch:
     return Batch(batch.input_ids, targets, batch.plain_mask, batch.segment_ids)
 
 
-def test_curve_matches_evaluate_restricted_to_positions_from_k(data_and_model):
-    _, dataset, model = data_and_model
+@pytest.mark.parametrize("isolated", [False, True])
+def test_curve_matches_evaluate_restricted_to_positions_from_k(data_and_model, isolated, tmp_path):
+    root, dataset, model = data_and_model
+    if isolated:  # packed documents that do not see each other (segment ids), short ones so windows hold several
+        (tmp_path / "c").mkdir()
+        for i in range(30):
+            (tmp_path / "c" / f"d{i}.txt").write_text(" ".join(WORDS[i % 5 : i % 5 + 2]) + "\n")
+        dataset = prepare_dataset(DataConfig(source=str(tmp_path / "c"), tokenizer="byte", val_fraction=0.5,
+                                             isolate_documents=True), tmp_path / "data")
     data = batches(dataset)
+    assert (data[0].segment_ids is not None) == isolated
+    if isolated:
+        assert data[0].segment_ids[0].unique().numel() > 1  # several documents inside one window
     curve = jacobi_curve(model, data, passes=4)
     assert curve.passes == [0, 1, 2, 3, 4] and curve.seq_len == T and curve.sequences == 6
     for k in range(5):
