@@ -299,6 +299,22 @@ def test_stock_hf_model_on_export_matches_fullband_standard(tmp_path):
     assert ours["results"]["fb_mc"]["acc,none"] == stock["results"]["fb_mc"]["acc,none"]
 
 
+def test_export_directory_loads_into_the_fullband_model(byte_model_dir, tmp_path):
+    from lm_eval.api.instance import Instance
+
+    from fullband.hf import export_hf
+    from fullband.lm_eval import FullbandLM
+
+    root, _, _ = byte_model_dir
+    export_hf(root / "model", tmp_path / "exp")
+    reqs = [Instance(request_type="loglikelihood", doc={}, arguments=(ctx, cont), idx=0)
+            for ctx, cont in (("the cat", " sat"), ("blue", " sky and sea"))]
+    for mode in ("soft", "fused"):
+        ours = FullbandLM(pretrained=str(root / "model"), decode_mode=mode, device="cpu").loglikelihood(reqs)
+        exported = FullbandLM(pretrained=str(tmp_path / "exp"), decode_mode=mode, device="cpu").loglikelihood(reqs)
+        assert exported == ours
+
+
 # --------------------------------------------------------------------------------------------------
 # Errors
 

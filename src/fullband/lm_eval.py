@@ -3,9 +3,10 @@
     lm_eval.simple_evaluate(model="fullband", model_args="pretrained=RUN,decode_mode=soft", tasks=[...])
     fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
 
-``model_args``: ``pretrained`` (a run directory, checkpoint or model directory; its tokenizer is found beside
-it), ``decode_mode`` (standard | soft | fused, default soft), ``fused_passes`` (N or auto, default 1),
-``fused_tol`` and ``fused_max_passes`` (for auto), ``scoring`` (decode | prefill, default decode),
+``model_args``: ``pretrained`` (a run directory, checkpoint or model directory with its tokenizer beside it,
+or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused, default soft),
+``fused_passes`` (N or auto, default 1), ``fused_tol`` and ``fused_max_passes`` (for auto), ``scoring``
+(decode | prefill, default decode),
 ``batch_size`` (default 8), ``device`` (default cuda if available), ``dtype`` (float32 | bfloat16 | float16 |
 float64, default float32), ``max_length`` (default the model's max_seq_len). On lm-eval's command line give
 the batch size and device with its own ``--batch_size`` and ``--device`` flags, as for its ``hf`` model.
@@ -43,8 +44,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "fullband.lm_eval needs the lm-evaluation-harness package: pip install 'fullband[eval]'"
     ) from exc
 
+from fullband.bench.cli import load_bench_model
 from fullband.generation import MODES, SCORINGS, generate_stream, score_continuations
-from fullband.loading import default_device, load_model
+from fullband.loading import default_device
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,10 @@ class FullbandLM(TemplateLM):
             # lm-eval's command line defaults to cuda:0; its hf model falls back to the CPU the same way.
             log.warning("fullband lm-eval model: %s is not available, using cpu", device)
             device = "cpu"
-        self.model, self.tokenizer_fb = load_model(pretrained, device or default_device(), DTYPES[dtype])
+        # A run, checkpoint or model directory, or a `fullband export-hf` directory (loaded back into FullBandLM,
+        # so every decode mode works on exports too).
+        model, self.tokenizer_fb, _ = load_bench_model(pretrained, device or default_device())
+        self.model = model.to(DTYPES[dtype])
         self.decode_mode, self.scoring = decode_mode, scoring
         self.fused_passes, self.fused_tol, self.fused_max_passes = fused_passes, fused_tol, fused_max_passes
         self.batch_size = batch_size
