@@ -116,20 +116,24 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
           " + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def test_a_tokenizers_own_chat_template_is_used_with_its_assistant_spans(tmp_path):
+def _hf_bpe(specials: list[str], **names):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from fullband.data.chat import encode_record
-    from fullband.data.tokenizers import HFTokenizer
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=350, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator(_texts(), trainer)
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
-                                              pad_token="<|endoftext|>")
+    backend.train_from_iterator(_texts() + [f"{a}+{b}" for a in range(10) for b in range(10)], trainer)
+    return backend, transformers.PreTrainedTokenizerFast(tokenizer_object=backend, **names)
+
+
+def test_a_tokenizers_own_chat_template_is_used_with_its_assistant_spans(tmp_path):
+    from fullband.data.chat import encode_record
+    from fullband.data.tokenizers import HFTokenizer
+
+    backend, hf = _hf_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], eos_token="<|im_end|>",
+                          pad_token="<|endoftext|>")
     hf.chat_template = CHATML
     hf.save_pretrained(tmp_path / "tok")
     tok = HFTokenizer(tmp_path / "tok")
@@ -147,3 +151,36 @@ def test_a_tokenizers_own_chat_template_is_used_with_its_assistant_spans(tmp_pat
     assert ids[-1] == tok.eos_id and not mask[-1]
     assert tok.token_to_id("<|im_end|>") in end_of_turn_ids(tok)
     assert tok.encode("\n")[0] not in end_of_turn_ids(tok)  # the template's "\n" after <|im_end|> is no stop
+
+
+def test_sft_of_a_converted_hugging_face_model(tmp_path, capsys):
+    """A Llama with a tokenizer without chat template: the built-in template's tokens are added to it and the
+    vocabulary grows; its fusion weights start fresh (no run trained them); the tuned model chats."""
+    from fullband.cli import main
+    from fullband.data import load_tokenizer
+    from fullband.hf import convert_from_hf
+    from fullband.train.checkpoint import list_checkpoints
+
+    _, hf_tok = _hf_bpe(["<s>", "</s>", "<pad>"], bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(hf_tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True))
+    llama.save_pretrained(tmp_path / "src")
+    hf_tok.save_pretrained(tmp_path / "src")
+    convert_from_hf(tmp_path / "src", tmp_path / "fb")
+    records = [{"messages": [{"role": "user", "content": f"{a}+{b}"}, {"role": "assistant", "content": str(a + b)}]}
+               for a in range(10) for b in range(10)]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "sft"
+    assert main(["sft", str(tmp_path / "fb"), "--data.source", str(tmp_path / "chat.jsonl"), "--out-dir", str(out),
+                 "--train.seq_len", "32", "--train.batch_size", "4", "--train.tokens", "256", "--train.device", "cpu",
+                 "--train.progress", "false", "--eval.batches", "1", "--eval.batch_size", "4",
+                 "--eval.sequential", "false"]) == 0
+    model_dir = list_checkpoints(out)[-1] / "model"
+    tok = load_tokenizer(model_dir / "tokenizer")
+    assert tok.has_chat_tokens and tok.vocab_size == len(hf_tok) + 2
+    assert json.loads((model_dir / "config.json").read_text())["vocab_size"] == len(hf_tok) + 2
+    assert "fusion weights freshly initialised" in capsys.readouterr().err
+    assert main(["chat", str(out), "--message", "1+2", "--max-new-tokens", "3", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("you> 1+2\nassistant> ")
