@@ -184,3 +184,11 @@ def test_sft_of_a_converted_hugging_face_model(tmp_path, capsys):
     assert "fusion weights freshly initialised" in capsys.readouterr().err
     assert main(["chat", str(out), "--message", "1+2", "--max-new-tokens", "3", "--device", "cpu"]) == 0
     assert capsys.readouterr().out.startswith("you> 1+2\nassistant> ")
+    # Its export carries the built-in template and stops at <|im_end|>.
+    exp = export_hf(model_dir, tmp_path / "exp")
+    hf = transformers.AutoTokenizer.from_pretrained(exp, trust_remote_code=True)
+    messages = [{"role": "user", "content": "3+4"}]
+    assert hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == \
+        apply_chat_template(tok, messages)
+    generation = json.loads((exp / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == [tok.eos_id, tok.token_to_id("<|im_end|>")]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fullband.errors import CheckpointError, ConfigError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
-from fullband.hf.tokenizer_export import fullband_tokenizer, generation_ids, write_hf_tokenizer
+from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 
 _HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = _HERE.parent / "model.py"
@@ -76,9 +76,8 @@ def export_hf(
     generation = {}
     if (tokenizer_dir / GENERATION_CONFIG).is_file():
         generation = _read_json(tokenizer_dir / GENERATION_CONFIG)
-    own_tokenizer = fullband_tokenizer(tokenizer_dir)  # byte/BPE: written as Hugging Face files below
-    if own_tokenizer is not None:
-        generation = {**generation, **generation_ids(own_tokenizer)}
+    own_tokenizer = saved_tokenizer(tokenizer_dir)  # byte/BPE, chat tokens: Hugging Face files written below
+    generation = {**generation, **generation_ids(own_tokenizer)}
     special = {k: generation.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
     config = FullBandHFConfig(
@@ -116,6 +115,5 @@ def export_hf(
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, dst / name)
-    if own_tokenizer is not None:
-        write_hf_tokenizer(own_tokenizer, dst, model.config.max_seq_len)
+    write_tokenizer_files(own_tokenizer, dst, model.config.max_seq_len)
     return dst

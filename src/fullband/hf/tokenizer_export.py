@@ -8,7 +8,9 @@ loads with ``AutoTokenizer`` / ``pipeline("text-generation")`` and encodes and d
 
 Both get a post-processor that puts ``<bos>`` first, as ``fullband.loading.encode_prompt`` does, so that
 ``tokenizer(text)`` gives the ids a fullband prompt has (``add_special_tokens=False``: ``Tokenizer.encode``).
-A tokenizer with fullband's chat tokens gets the built-in chat template and ``<|im_end|>`` as a stop token.
+A tokenizer with fullband's chat tokens gets the built-in chat template and ``<|im_end|>`` as a stop token;
+that includes a Hugging Face tokenizer extended with them for instruction tuning (its own files are
+exported, with the template added to its tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -24,27 +26,45 @@ from fullband.data.tokenizers import (
     MARKER,
     BPETokenizer,
     ByteTokenizer,
+    HFTokenizer,
     Tokenizer,
     load_tokenizer,
 )
 
 
-def fullband_tokenizer(directory: Path) -> Tokenizer | None:
-    """The byte or BPE tokenizer saved in ``directory`` by fullband, or None (none there, or a Hugging
-    Face tokenizer, whose own files are exported as they are)."""
-    if not (directory / MARKER).is_file():
-        return None
-    tokenizer = load_tokenizer(directory)
-    return tokenizer if isinstance(tokenizer, (ByteTokenizer, BPETokenizer)) else None
+def saved_tokenizer(directory: Path) -> Tokenizer | None:
+    """The tokenizer fullband saved in ``directory`` (with its marker), or None (none there, or Hugging Face
+    files copied as they are, e.g. by `fullband convert`)."""
+    return load_tokenizer(directory) if (directory / MARKER).is_file() else None
 
 
-def generation_ids(tokenizer: Tokenizer) -> dict[str, Any]:
-    """bos/eos/pad ids for generation_config.json; eos includes the end-of-turn token of chat tokenizers,
-    so that generation stops at the end of an assistant turn."""
+def _builtin_chat_hf(tokenizer: Tokenizer | None) -> bool:
+    return isinstance(tokenizer, HFTokenizer) and tokenizer.chat_template is None and tokenizer.has_chat_tokens
+
+
+def generation_ids(tokenizer: Tokenizer | None) -> dict[str, Any]:
+    """Entries for generation_config.json: bos/eos/pad ids of fullband's byte and BPE tokenizers, and for any
+    tokenizer with the built-in chat tokens an eos that includes <|im_end|>, so that generation stops at the
+    end of an assistant turn. Empty for other tokenizers (their own generation config applies)."""
+    if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)) and not _builtin_chat_hf(tokenizer):
+        return {}
     eos: Any = tokenizer.eos_id
     if tokenizer.has_chat_tokens:
         eos = [tokenizer.eos_id, tokenizer.token_to_id(CHAT_TOKENS[1])]
     return {"bos_token_id": tokenizer.bos_id, "eos_token_id": eos, "pad_token_id": tokenizer.pad_id}
+
+
+def write_tokenizer_files(tokenizer: Tokenizer | None, dst: Path, max_length: int) -> None:
+    """After the tokenizer directory's files were copied to ``dst``: write Hugging Face files for a byte or
+    BPE tokenizer, or add the built-in chat template to an extended Hugging Face tokenizer's config."""
+    if isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
+        write_hf_tokenizer(tokenizer, dst, max_length)
+    elif _builtin_chat_hf(tokenizer):
+        path = dst / "tokenizer_config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+        config["chat_template"] = BUILTIN_CHAT_TEMPLATE
+        config["additional_special_tokens"] = list(CHAT_TOKENS)
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
