@@ -146,8 +146,9 @@ def accuracy(bits: str) -> float:
 
 
 def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+    if len(values) == 1:  # no spread to show from one seed
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
 def summarise(path: Path) -> str:
@@ -159,8 +160,9 @@ def summarise(path: Path) -> str:
         multiples = list(rows[0]["eval"])
         seeds = sorted({r["seed"] for r in rows})
         lines += [f"\n### {task} (train on 1..{rows[0]['train_len']} moves; seeds {seeds})\n",
-                  "| model / mode | tokens | tokens × mean passes | " + " | ".join(f"{m}×L" for m in multiples) + " |",
-                  "|---" * (3 + len(multiples)) + "|"]
+                  "| model / mode | seeds | tokens | tokens × mean passes | "
+                  + " | ".join(f"{m}×L" for m in multiples) + " |",
+                  "|---" * (4 + len(multiples)) + "|"]
         for kind in MODELS:
             runs = [r for r in rows if r["model"] == kind]
             if not runs:
@@ -169,7 +171,7 @@ def summarise(path: Path) -> str:
                 cells = [mean_sd([accuracy(r["eval"][m][mode]) for r in runs]) for m in multiples]
                 tok = statistics.mean(r["train"]["tokens"] for r in runs)
                 comp = statistics.mean(r["train"]["compute_tokens"] for r in runs)
-                lines.append(f"| {kind} {mode} | {tok:,.0f} | {comp:,.0f} | " + " | ".join(cells) + " |")
+                lines.append(f"| {kind} {mode} | {len(runs)} | {tok:,.0f} | {comp:,.0f} | " + " | ".join(cells) + " |")
         fbt = {r["seed"]: r for r in rows if r["model"] == "fbt"}
         pairs = [("fbt exact − fbt plain", "fbt", "exact", "fbt", "plain"),
                  ("fbt exact − baseline", "fbt", "exact", "baseline", "plain"),
@@ -186,7 +188,7 @@ def summarise(path: Path) -> str:
                     a, b = fbt[s]["eval"][m][ma], other[s]["eval"][m][mb]
                     diffs.append(sum(int(x) - int(y) for x, y in zip(a, b)) / len(a))
                 cells.append(mean_sd(diffs))
-            lines.append(f"| paired: {label} | | | " + " | ".join(cells) + " |")
+            lines.append(f"| paired: {label} | {len(common)} | | | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -200,7 +202,7 @@ def plot(path: Path, out: Path) -> Path | None:
         print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
         return None
     records = [json.loads(line) for line in path.read_text().splitlines()]
-    tasks = list(dict.fromkeys(r["task"] for r in records))
+    tasks = [t for t in STATE_TRACKING_TASKS if any(r["task"] == t for r in records)]
     cols = min(3, len(tasks))
     rows_n = (len(tasks) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
@@ -221,6 +223,8 @@ def plot(path: Path, out: Path) -> Path | None:
                         label=f"{kind} {mode}")
         ax.axvline(train_len, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
+        ticks = [m * train_len for m in MULTIPLES]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{task} (trained on ≤ {train_len} moves)")
         ax.set_xlabel("moves in the prompt")
