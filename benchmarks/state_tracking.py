@@ -27,122 +27,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from fullband.config import RunConfig, load_config
-from fullband.data import ByteTokenizer
-from fullband.data.synthetic import STATE_TRACKING_TASKS, state_tracking_task, synthetic_examples
-from fullband.generation import sequential_forward
+from fullband.config import load_config
+from fullband.data.synthetic import STATE_TRACKING_TASKS
 from fullband.loading import PRESET_DIR
-from fullband.model import FullBandLM
+from fullband.state_tracking import Recipe, accuracy, evaluate, train_model
 
 MODELS = ("fbt", "baseline", "baseline_compute")
-MULTIPLES = (1, 2, 4, 8)
-IGNORE = -100
-
-
-def encode_batch(examples: list, tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """[bos] prompt answer \\n for rows of equal length; labels on the answer and its newline only."""
-    rows, labels = [], []
-    for ex in examples:
-        prompt, answer = tok.encode(ex.prompt), tok.encode(ex.answer + "\n")
-        ids = [tok.bos_id, *prompt, *answer]
-        rows.append(ids)
-        # label at position i is token i+1: the answer tokens are predicted from the position before each
-        labels.append([IGNORE] * len(prompt) + answer + [IGNORE])
-    if len({len(r) for r in rows}) != 1:
-        raise ValueError("a batch must hold rows of one length (same number of moves)")
-    return torch.tensor(rows), torch.tensor(labels)
-
-
-def answer_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: every answer token (not the closing newline) is the argmax."""
-    graded = labels != IGNORE
-    graded[:, -2] = False  # the position predicting the newline: the answer ends before it
-    right = (logits.argmax(-1) == labels) | ~graded
-    return right.all(dim=1)
-
-
-def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> int:
-    """Longest move count allowed at a step: grows linearly from 2 to L over the first `fraction`."""
-    if fraction <= 0:
-        return train_len
-    return max(2, min(train_len, round(2 + (train_len - 2) * step / (fraction * steps))))
-
-
-def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
-    model_config = config.model
-    if kind != "fbt":  # the baseline is an ordinary transformer: full attention
-        model_config = type(model_config).from_dict({**model_config.to_dict(), "sliding_window": None})
-    torch.manual_seed(seed)
-    return FullBandLM(model_config)
-
-
-def train_model(task: str, kind: str, seed: int, config: RunConfig, args, steps: int) -> tuple[FullBandLM, dict]:
-    tok = ByteTokenizer()
-    model = build_model(config, kind, seed)
-    t = config.train
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
-    rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
-    passes_total, tokens, started = 0, 0, time.perf_counter()
-    model.train()
-    for step in range(steps):
-        lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
-        decay_start = int(steps * (1 - t.decay_fraction))
-        if step >= decay_start:
-            lr *= max(0.0, (steps - step) / max(1, steps - decay_start))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        n = rng.randint(1, curriculum_max(step, steps, args.train_len, args.curriculum))
-        examples = synthetic_examples(state_tracking_task(task, n, n), args.batch_size, rng.randrange(2**31))
-        ids, labels = encode_batch(examples, tok)
-        # K = T passes: position T-1 (the last one with a label) then sees the exact recurrence.
-        passes = ids.shape[1] if kind == "fbt" else 1
-        grad_passes = min(passes, args.grad_passes) if args.grad_passes > 0 else None
-        out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
-                              later_pass_weight=t.later_pass_weight)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        passes_total += passes
-        tokens += ids.numel()
-    model.eval()
-    info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
-            "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1)}
-    return model, info
-
-
-@torch.no_grad()
-def evaluate(model: FullBandLM, task: str, args, modes: tuple[str, ...]) -> dict:
-    """Per multiple of L and per mode: the per-row correctness as a 0/1 string (rows are shared by all
-    models and seeds, so differences can be paired)."""
-    tok, results = ByteTokenizer(), {}
-    for m in MULTIPLES[: args.max_multiple_index]:
-        n = m * args.train_len
-        ids, labels = encode_batch(synthetic_examples(state_tracking_task(task, n, n), args.eval_rows, 10_000 + m), tok)
-        results[str(m)] = {}
-        for mode in modes:
-            logits = sequential_forward(model, ids)[0] if mode == "exact" else model(ids).logits
-            results[str(m)][mode] = "".join("1" if c else "0" for c in answer_correct(logits, labels).tolist())
-    return results
 
 
 def done_keys(path: Path) -> set[tuple]:
     if not path.exists():
         return set()
     return {(r["task"], r["seed"], r["model"]) for r in map(json.loads, path.read_text().splitlines())}
-
-
-def accuracy(bits: str) -> float:
-    return bits.count("1") / len(bits)
 
 
 def mean_sd(values: list[float]) -> str:
@@ -223,7 +125,7 @@ def plot(path: Path, out: Path) -> Path | None:
                         label=f"{kind} {mode}")
         ax.axvline(train_len, color="grey", lw=0.8, ls=":")
         ax.set_xscale("log", base=2)
-        ticks = [m * train_len for m in MULTIPLES]
+        ticks = [int(m) * train_len for m in rows[0]["eval"]]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(f"{task} (trained on ≤ {train_len} moves)")
@@ -258,10 +160,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
     args = p.parse_args(argv)
-    args.max_multiple_index = len(MULTIPLES)
+    args.multiples = (1, 2, 4, 8)
     if args.quick:
         args.train_len, args.steps, args.eval_rows, args.seeds = 2, 3, 4, args.seeds[:1]
-        args.max_multiple_index = 2
+        args.multiples = (1, 2)
     unknown = set(args.tasks.split(",")) - set(STATE_TRACKING_TASKS)
     if unknown:
         p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)}")
@@ -275,7 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     config = load_config(PRESET_DIR / f"{args.preset}.yaml")
-    args.batch_size = args.batch_size or config.train.batch_size
+    recipe = Recipe(train_len=args.train_len, steps=args.steps, batch_size=args.batch_size or config.train.batch_size,
+                    grad_passes=args.grad_passes, curriculum=args.curriculum, eval_rows=args.eval_rows,
+                    multiples=args.multiples)
     if not args.summary_only:
         out.parent.mkdir(parents=True, exist_ok=True)
         for task in args.tasks.split(","):
@@ -293,12 +197,12 @@ def main(argv: list[str] | None = None) -> None:
                             continue
                         fbt_compute = fbt[0]["train"]["mean_passes"]
                         steps = round(args.steps * fbt_compute)
-                    model, info = train_model(task, kind, seed, config, args, steps)
+                    model, info = train_model(task, kind, seed, config, recipe, steps)
                     modes = ("exact", "plain") if kind == "fbt" else ("plain",)
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
-                              "batch_size": args.batch_size, "train": info,
-                              "eval": evaluate(model, task, args, modes)}
+                              "batch_size": recipe.batch_size, "train": info,
+                              "eval": evaluate(model, task, recipe, modes)}
                     with out.open("a") as f:
                         f.write(json.dumps(record) + "\n")
                     accs = {m: {k: round(accuracy(v), 3) for k, v in r.items()} for m, r in record["eval"].items()}

@@ -1,0 +1,134 @@
+"""State tracking with the final answer only: train a model on prompts of 1..L moves and measure its
+exact-match accuracy on prompts several times longer (docs/results.md, "State tracking").
+
+Used by ``benchmarks/state_tracking.py`` (every task, seeds, baselines) and ``fullband demo`` (parity).
+Rows of a batch all have the same number of moves, so batches need no padding; the loss is on the answer
+tokens only. The FBT runs K = sequence length passes per step, so the positions that carry a label see the
+exact recurrence over the whole prompt (docs/method.md); a baseline runs one pass with full attention.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from fullband.config import RunConfig
+from fullband.data import ByteTokenizer, Example
+from fullband.data.synthetic import state_tracking_task, synthetic_examples
+from fullband.generation import sequential_forward
+from fullband.model import FullBandLM
+
+IGNORE = -100
+
+
+@dataclass
+class Recipe:
+    train_len: int = 8  # L: training prompts have 1..L moves
+    steps: int = 600
+    batch_size: int = 32
+    grad_passes: int = 0  # FBT: backpropagate through the last N passes only; 0 = all
+    curriculum: float = 0.5  # fraction of the steps over which the longest prompt grows from 2 to L moves
+    eval_rows: int = 200
+    multiples: tuple[int, ...] = (1, 2, 4, 8)  # test lengths, as multiples of L
+
+
+def encode_batch(examples: list[Example], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """[bos] prompt answer \\n for rows of equal length; labels on the answer and its newline only."""
+    rows, labels = [], []
+    for ex in examples:
+        prompt, answer = tok.encode(ex.prompt), tok.encode(ex.answer + "\n")
+        rows.append([tok.bos_id, *prompt, *answer])
+        # label at position i is token i+1: the answer tokens are predicted from the position before each
+        labels.append([IGNORE] * len(prompt) + answer + [IGNORE])
+    if len({len(r) for r in rows}) != 1:
+        raise ValueError("a batch must hold rows of one length (same number of moves)")
+    return torch.tensor(rows), torch.tensor(labels)
+
+
+def answer_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: every answer token (not the closing newline) is the argmax, i.e. greedy decoding
+    reproduces the answer."""
+    graded = labels != IGNORE
+    graded[:, -2] = False  # the position predicting the newline: the answer ends before it
+    right = (logits.argmax(-1) == labels) | ~graded
+    return right.all(dim=1)
+
+
+def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> int:
+    """Longest move count allowed at a step: grows linearly from 2 to L over the first `fraction`."""
+    if fraction <= 0:
+        return train_len
+    return max(2, min(train_len, round(2 + (train_len - 2) * step / (fraction * steps))))
+
+
+def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
+    model_config = config.model
+    if kind != "fbt":  # the baseline is an ordinary transformer: full attention
+        model_config = type(model_config).from_dict({**model_config.to_dict(), "sliding_window": None})
+    torch.manual_seed(seed)
+    return FullBandLM(model_config)
+
+
+def train_model(
+    task: str, kind: str, seed: int, config: RunConfig, recipe: Recipe, steps: int | None = None
+) -> tuple[FullBandLM, dict]:
+    """Train a fresh model (`kind` "fbt": K = sequence length passes; anything else: one pass) with the
+    optimiser settings of ``config.train``. Returns the model in eval mode and what the run cost."""
+    steps = recipe.steps if steps is None else steps
+    tok = ByteTokenizer()
+    model = build_model(config, kind, seed)
+    t = config.train
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
+    rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
+    passes_total, tokens, started = 0, 0, time.perf_counter()
+    model.train()
+    for step in range(steps):
+        lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
+        decay_start = int(steps * (1 - t.decay_fraction))
+        if step >= decay_start:
+            lr *= max(0.0, (steps - step) / max(1, steps - decay_start))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        n = rng.randint(1, curriculum_max(step, steps, recipe.train_len, recipe.curriculum))
+        examples = synthetic_examples(state_tracking_task(task, n, n), recipe.batch_size, rng.randrange(2**31))
+        ids, labels = encode_batch(examples, tok)
+        # K = T passes: position T-1 (the last one with a label) then sees the exact recurrence.
+        passes = ids.shape[1] if kind == "fbt" else 1
+        grad_passes = min(passes, recipe.grad_passes) if recipe.grad_passes > 0 else None
+        out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
+                              later_pass_weight=t.later_pass_weight)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if t.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        opt.step()
+        passes_total += passes
+        tokens += ids.numel()
+    model.eval()
+    info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
+            "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1)}
+    return model, info
+
+
+@torch.no_grad()
+def evaluate(model: FullBandLM, task: str, recipe: Recipe, modes: tuple[str, ...]) -> dict[str, dict[str, str]]:
+    """{multiple of L: {mode: per-row correctness as a 0/1 string}}. Modes: "exact" (the token-by-token
+    recurrence) and "plain" (one ordinary pass). The rows depend only on the task, L and the multiple,
+    so every model and seed is graded on the same rows and differences can be paired."""
+    tok, results = ByteTokenizer(), {}
+    for m in recipe.multiples:
+        n = m * recipe.train_len
+        examples = synthetic_examples(state_tracking_task(task, n, n), recipe.eval_rows, 10_000 + m)
+        ids, labels = encode_batch(examples, tok)
+        results[str(m)] = {}
+        for mode in modes:
+            logits = sequential_forward(model, ids)[0] if mode == "exact" else model(ids).logits
+            results[str(m)][mode] = "".join("1" if c else "0" for c in answer_correct(logits, labels).tolist())
+    return results
+
+
+def accuracy(bits: str) -> float:
+    return bits.count("1") / len(bits)
