@@ -9,7 +9,8 @@ import torch
 from conftest import make_model
 
 from fullband.cli import build_parser, main
-from fullband.serve.cli import load_for_serving
+from fullband.errors import FullbandError
+from fullband.loading import load_model
 
 
 def _word_tokenizer(directory) -> None:
@@ -34,19 +35,19 @@ def test_serves_a_hugging_face_export(tmp_path):
     _word_tokenizer(tmp_path / "fb" / "tokenizer")
     export = export_hf(tmp_path / "fb", tmp_path / "export")
 
-    loaded, tokenizer = load_for_serving(export, device="cpu")
+    loaded, tokenizer = load_model(export, device="cpu")
     assert loaded.config == model.config and not loaded.training
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     assert tokenizer.encode("w1 w5 w60") == [4, 8, 63] and tokenizer.eos_id == 2
 
     # The fullband directory itself loads through the usual path, with the same weights.
-    direct, _ = load_for_serving(tmp_path / "fb", device="cpu")
+    direct, _ = load_model(tmp_path / "fb", device="cpu")
     assert torch.equal(direct.embed.weight, loaded.embed.weight)
 
     (export / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match="no tokenizer.json"):
-        load_for_serving(export, device="cpu")
+    with pytest.raises(FullbandError, match="no tokenizer.json"):
+        load_model(export, device="cpu")
 
 
 def test_command_line(tmp_path, capsys):

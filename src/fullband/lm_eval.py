@@ -44,9 +44,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "fullband.lm_eval needs the lm-evaluation-harness package: pip install 'fullband[eval]'"
     ) from exc
 
-from fullband.bench.cli import load_bench_model
 from fullband.generation import MODES, SCORINGS, generate_stream, score_continuations
-from fullband.loading import default_device
+from fullband.loading import default_device, load_model
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,7 @@ class FullbandLM(TemplateLM):
             device = "cpu"
         # A run, checkpoint or model directory, or a `fullband export-hf` directory (loaded back into FullBandLM,
         # so every decode mode works on exports too).
-        model, self.tokenizer_fb, _ = load_bench_model(pretrained, device or default_device())
+        model, self.tokenizer_fb = load_model(pretrained, device or default_device())
         self.model = model.to(DTYPES[dtype])
         self.decode_mode, self.scoring = decode_mode, scoring
         self.fused_passes, self.fused_tol, self.fused_max_passes = fused_passes, fused_tol, fused_max_passes

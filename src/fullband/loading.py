@@ -38,18 +38,78 @@ def default_device() -> str:
 def load_model(
     path: str | Path, device: str | None = None, dtype: torch.dtype | None = None
 ) -> tuple[FullBandLM, Tokenizer]:
-    """A run directory (its newest valid checkpoint), a checkpoint or a model directory -> (model in
-    eval mode, its tokenizer)."""
+    """(model in eval mode, its tokenizer) from a run directory (its newest valid checkpoint), a
+    checkpoint, a model directory, or a Hugging Face export written by ``fullband export-hf`` (loaded
+    back into fullband's own model, so every decode mode behaves exactly as for the original)."""
     from fullband.data import load_tokenizer
     from fullband.model import FullBandLM
     from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
 
+    exported = _exported_config(Path(path))
+    if exported is not None:
+        return _load_hf_export(Path(path), exported, device or default_device(), dtype)
     model_dir = resolve_model_dir(path)
     tokenizer_dir = find_tokenizer_dir(model_dir)
     if tokenizer_dir is None:
         raise FullbandError(f"no tokenizer saved with {model_dir} (expected {model_dir / 'tokenizer'})")
     model = FullBandLM.from_pretrained(model_dir, device=device or default_device(), dtype=dtype)
     return model.eval(), load_tokenizer(tokenizer_dir)
+
+
+def run_dir_of(path: str | Path) -> Path | None:
+    """The training run a run directory or checkpoint belongs to (RUN/checkpoints/STEP/model), else None."""
+    from fullband.train.checkpoint import resolve_model_dir
+
+    if _exported_config(Path(path)) is not None:
+        return None
+    model_dir = resolve_model_dir(path)
+    return model_dir.parents[2] if model_dir.parent.parent.name == "checkpoints" else None
+
+
+def _exported_config(path: Path) -> dict | None:
+    """The fullband config stored in an ``export-hf`` directory's config.json, or None for anything else."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return None
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise FullbandError(f"{config_file} is unreadable: {exc}") from None
+    if data.get("model_type") == "fullband" and isinstance(data.get("fullband"), dict):
+        return data["fullband"]
+    return None
+
+
+def _load_hf_export(path: Path, config: dict, device: str, dtype: torch.dtype | None) -> tuple[FullBandLM, Tokenizer]:
+    # The export's weights are the model's own tensors under the "model." prefix (sharded or not).
+    from safetensors.torch import load_file
+
+    from fullband.data import load_tokenizer
+    from fullband.model import FullBandConfig, FullBandLM
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise FullbandError(f"{path} has a fullband config.json but no model.safetensors")
+    if not (path / "tokenizer.json").is_file():
+        raise FullbandError(f"{path} holds no tokenizer.json: re-export it with this version of fullband "
+                            "(`fullband export-hf`), or load the model directory it was exported from")
+    state = {}
+    for name in files:
+        try:
+            state.update(load_file(str(path / name)))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise FullbandError(f"{path / name} is unreadable or truncated: {exc}") from None
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    model = FullBandLM(FullBandConfig.from_dict(config))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise FullbandError(f"{path}: weights do not match the config: missing {missing}, unexpected {unexpected}")
+    stored = next(iter(state.values())).dtype
+    return model.to(device=device, dtype=dtype or stored).eval(), load_tokenizer(path)
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:

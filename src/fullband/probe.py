@@ -246,16 +246,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.bench.cli import load_bench_model, run_data_settings
+    from fullband.bench.cli import run_data_settings
     from fullband.data.config import DataConfig
     from fullband.data.sources import synthetic_val_set
+    from fullband.loading import load_model, run_dir_of
 
     if not args.task.startswith("synthetic:"):
         raise ConfigError(f"probe needs a synthetic task (synthetic:<name>[:opts]), got {args.task!r}")
     if args.examples < args.folds or args.folds < 2:
         raise ConfigError(f"need --folds >= 2 and --examples >= --folds, got {args.folds} and {args.examples}")
     modes = parse_probe_modes(args.modes)
-    model, tokenizer, run_dir = load_bench_model(args.model, args.device)
+    model, tokenizer = load_model(args.model, args.device)
+    run_dir = run_dir_of(args.model)
     recorded = run_data_settings(run_dir)
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     n = max(args.examples, recorded.get("synthetic_val_examples", 0))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from fullband.errors import CheckpointError, ConfigError
+from fullband.errors import ConfigError
+from fullband.loading import load_model, run_dir_of
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -52,47 +52,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def load_bench_model(path: str | Path, device: str | None = None) -> tuple[Any, Any, Path | None]:
-    """(model, tokenizer, run directory or None) from a run, checkpoint or model directory, or from a
-    directory written by ``fullband export-hf``. An export is loaded into the same ``FullBandLM`` (its
-    config.json carries the fullband config, its weights the same tensors under ``model.``), so every
-    decode mode and fused:auto behave exactly as for the original checkpoint; the tokenizer must be a
-    Hugging Face one (tokenizer.json) in the export directory."""
-    from fullband.loading import default_device, load_model
-
-    path = Path(path)
-    config_path = path / "config.json"
-    exported = None
-    if config_path.is_file():
-        try:
-            exported = json.loads(config_path.read_text()).get("fullband")
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{config_path} is unreadable: {exc}") from None
-    if exported is None:
-        from fullband.train.checkpoint import resolve_model_dir
-
-        model, tokenizer = load_model(path, device)
-        model_dir = resolve_model_dir(path)
-        # RUN/checkpoints/STEP/model: the run's config.yaml records the data split.
-        run_dir = model_dir.parents[2] if model_dir.parent.parent.name == "checkpoints" else None
-        return model, tokenizer, run_dir
-    from safetensors.torch import load_file
-
-    from fullband.data import load_tokenizer
-    from fullband.model import FullBandConfig, FullBandLM
-
-    model = FullBandLM(FullBandConfig.from_dict(exported))
-    weights = path / "model.safetensors"
-    try:
-        state = {k.removeprefix("model."): v for k, v in load_file(str(weights)).items()}
-        model.load_state_dict(state)
-    except Exception as exc:  # safetensors and load_state_dict raise their own types for broken files
-        raise CheckpointError(f"{weights} is unreadable or does not match its config: {exc}") from None
-    if not (path / "tokenizer.json").is_file():
-        raise CheckpointError(f"{path} has no tokenizer.json; run bench on the fullband model directory instead")
-    return model.to(device or default_device()).eval(), load_tokenizer(path), None
-
-
 def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
     """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
     if run_dir is None or not (run_dir / "config.yaml").is_file():
@@ -132,7 +91,8 @@ def run(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    model, tokenizer, run_dir = load_bench_model(args.model, args.device)
+    model, tokenizer = load_model(args.model, args.device)
+    run_dir = run_dir_of(args.model)
     recorded = run_data_settings(run_dir)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from fullband.errors import CheckpointError, FullbandError
+from fullband.errors import FullbandError
 from fullband.generation import MODES
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -42,12 +41,13 @@ def run(args: argparse.Namespace) -> None:
         raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
     import torch
 
+    from fullband.loading import load_model
     from fullband.serve.engine import Engine
 
     if args.fused_passes < 1 or args.max_batch < 1 or args.max_queue < 0:
         raise FullbandError("--fused-passes and --max-batch must be >= 1, --max-queue >= 0")
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    model, tokenizer = load_for_serving(args.model, args.device, dtype)
+    model, tokenizer = load_model(args.model, args.device, dtype)
     name = args.model_name or Path(args.model).resolve().name
     engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue)
     app = create_app(engine, tokenizer, name, decode_mode=args.decode_mode, fused_passes=args.fused_passes)
@@ -55,50 +55,3 @@ def run(args: argparse.Namespace) -> None:
           f"{model.device}) on http://{args.host}:{args.port}/ (chat page) and http://{args.host}:{args.port}/v1",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-
-
-def load_for_serving(path: str | Path, device: str | None = None, dtype=None):
-    """(model in eval mode, tokenizer) from anything ``fullband.loading.load_model`` accepts, or from a
-    Hugging Face export written by ``fullband export-hf`` (its ``config.json`` carries the fullband config
-    and its weights are the same tensors under ``model.``; it must hold a tokenizer.json)."""
-    from fullband.loading import default_device, load_model
-
-    path = Path(path)
-    config_file = path / "config.json"
-    if config_file.is_file():
-        try:
-            data = json.loads(config_file.read_text())
-        except ValueError as exc:
-            raise CheckpointError(f"{config_file} is not valid JSON: {exc}") from exc
-        if data.get("model_type") == "fullband" and isinstance(data.get("fullband"), dict):
-            return _load_hf_export(path, data, device or default_device(), dtype)
-    return load_model(path, device, dtype)
-
-
-def _load_hf_export(path: Path, data: dict, device: str, dtype):
-    from safetensors.torch import load_file
-
-    from fullband.data import load_tokenizer
-    from fullband.model import FullBandConfig, FullBandLM
-
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise CheckpointError(f"{path} has a fullband config.json but no model.safetensors")
-    state = {}
-    for name in files:
-        state.update(load_file(str(path / name)))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
-    model = FullBandLM(FullBandConfig.from_dict(data["fullband"]))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not match the config: missing {missing}, unexpected {unexpected}")
-    if not (path / "tokenizer.json").is_file():
-        raise CheckpointError(
-            f"{path} holds no tokenizer.json (exports of byte-tokenizer models carry none); serve the fullband "
-            "model directory or checkpoint it was exported from instead")
-    stored = next(iter(state.values())).dtype
-    return model.to(device=device, dtype=dtype or stored).eval(), load_tokenizer(path)
