@@ -14,7 +14,7 @@ from typing import Any
 from fullband.cli_options import add_config_options
 from fullband.config import RunConfig, load_config
 from fullband.errors import FullbandError
-from fullband.loading import default_data_dir, default_device, encode_prompt, load_model, preset_path
+from fullband.loading import encode_prompt, load_model, preset_path
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 
@@ -55,18 +55,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from fullband.data import load_tokenizer, open_dataset
     from fullband.eval import evaluate, format_eval_table
-    from fullband.model import FullBandLM
-    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+    from fullband.loading import load_model_and_data
 
-    model_dir = resolve_model_dir(args.checkpoint)
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(model_dir)
-    dataset = open_dataset(data_dir)
-    tokenizer_dir = find_tokenizer_dir(model_dir)
-    if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
-        raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
-    model = FullBandLM.from_pretrained(model_dir, device=args.device or default_device())
+    model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
     result = evaluate(model, batches, args.fused_passes, sequential=not args.no_sequential)

@@ -20,7 +20,14 @@ from typing import Any
 
 import torch
 
-from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM, KVCache, segment_positions
+from fullband.model import (
+    DEFAULT_FUSED_MAX_PASSES,
+    DEFAULT_FUSED_TOL,
+    FullBandLM,
+    KVCache,
+    ModelOutput,
+    segment_positions,
+)
 
 MODES = ("standard", "soft", "fused")
 
@@ -118,6 +125,37 @@ def _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top
         )
 
 
+def _prefill_prompts(
+    model: FullBandLM,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    new_tokens: int,
+    mode: str,
+    fused_passes: int | str,
+    fused_tol: float,
+    fused_max_passes: int,
+) -> tuple[ModelOutput, KVCache, torch.Tensor]:
+    """The prompt phase of decoding, shared by generation and scoring: left-padded prompts prefilled into
+    a cache with room for ``new_tokens`` more positions (plain, or plus fused passes in fused mode).
+    Returns the prefill output (last position's logits, every position's states), the cache and each
+    row's next RoPE position (B, 1)."""
+    B, T = ids.shape
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    cache = KVCache(model.config, B, T + new_tokens, model.device, model.embed.weight.dtype)
+    out = model.prefill(
+        ids,
+        fused_passes if mode == "fused" else 0,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+        fused_tol=fused_tol,
+        fused_max_passes=fused_max_passes,
+    )
+    return out, cache, positions[:, -1:] + 1
+
+
 @torch.no_grad()
 def generate_stream(
     model: FullBandLM,
@@ -145,28 +183,15 @@ def generate_stream(
     _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p)
     if max_new_tokens == 0:
         return
-    B, T = ids.shape
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    B = ids.shape[0]
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(seed)
-    cache = KVCache(model.config, B, T + max_new_tokens, model.device, model.embed.weight.dtype)
-
-    out = model.prefill(
-        ids,
-        fused_passes if mode == "fused" else 0,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        fused_tol=fused_tol,
-        fused_max_passes=fused_max_passes,
-    )
+    out, cache, next_position = _prefill_prompts(model, ids, mask, max_new_tokens, mode, fused_passes, fused_tol,
+                                                 fused_max_passes)
     if stats is not None:
         stats["fused_passes"] = out.passes.tolist()
 
-    next_position = positions[:, -1:] + 1
     finished = torch.zeros(B, dtype=torch.bool, device=model.device)
     logits, state = out.logits[:, -1], out.hidden[:, -1:]
     for step in range(max_new_tokens):
@@ -258,21 +283,8 @@ def score_continuations(
         cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
     cont = cont.to(model.device)
     _check_args(model, cont, 0, mode, fused_passes, 0.0, None, None)
-    B, T = ids.shape
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    cache = KVCache(model.config, B, T + L - 1, model.device, model.embed.weight.dtype)
-    out = model.prefill(
-        ids,
-        fused_passes if mode == "fused" else 0,
-        attention_mask=mask,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        fused_tol=fused_tol,
-        fused_max_passes=fused_max_passes,
-    )
-    next_position = positions[:, -1:] + 1
+    out, cache, next_position = _prefill_prompts(model, ids, mask, L - 1, mode, fused_passes, fused_tol,
+                                                 fused_max_passes)
     if mode == "standard" and L > 1:
         rest = model(cont[:, :-1], position_ids=next_position + torch.arange(L - 1, device=model.device),
                      past_key_values=cache, use_cache=True)

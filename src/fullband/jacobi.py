@@ -187,21 +187,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.data import load_tokenizer, open_dataset
-    from fullband.loading import default_data_dir, default_device
-    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+    from fullband.loading import load_model_and_data
 
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
-    model_dir = resolve_model_dir(args.checkpoint)
-    data_dir = Path(args.data_dir) if args.data_dir else default_data_dir(model_dir)
-    dataset = open_dataset(data_dir)
-    tokenizer_dir = find_tokenizer_dir(model_dir)
-    if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
-        raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
-    model = FullBandLM.from_pretrained(model_dir, device=args.device or default_device())
+    model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     if seq_len > model.config.max_seq_len:
         raise FullbandError(f"--seq-len {seq_len} exceeds the model's max_seq_len {model.config.max_seq_len}")

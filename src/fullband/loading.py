@@ -15,7 +15,7 @@ from fullband.errors import FullbandError
 if TYPE_CHECKING:
     import torch
 
-    from fullband.data import Tokenizer
+    from fullband.data import PreparedDataset, Tokenizer
     from fullband.model import FullBandLM
 
 PRESET_DIR = Path(__file__).parent / "configs"
@@ -127,3 +127,22 @@ def default_data_dir(model_dir: Path) -> Path:
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
     return model_dir.parent.parent.parent / "data"
+
+
+def load_model_and_data(
+    checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None
+) -> tuple[FullBandLM, PreparedDataset, Path, Path]:
+    """A checkpoint and the prepared dataset to evaluate it on (by default the one it was trained on),
+    refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
+    from fullband.data import load_tokenizer, open_dataset
+    from fullband.model import FullBandLM
+    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
+
+    model_dir = resolve_model_dir(checkpoint)
+    data_dir = Path(data_dir) if data_dir else default_data_dir(model_dir)
+    dataset = open_dataset(data_dir)
+    tokenizer_dir = find_tokenizer_dir(model_dir)
+    if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
+        raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
+    model = FullBandLM.from_pretrained(model_dir, device=device or default_device())
+    return model, dataset, model_dir, data_dir
