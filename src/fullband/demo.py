@@ -74,6 +74,7 @@ def run_state_tracking(out_dir: Path, quick: bool = False) -> dict:
     the prompt (preset `state-tracking`) and a standard transformer, on the same batches of 1..8 bits;
     exact-match accuracy at 8 bits and at 64 bits (200 held-out prompts each)."""
     started = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
     config = load_config(PRESET_DIR / "state-tracking.yaml")
     recipe = Recipe(multiples=(1, 8)) if not quick else Recipe(train_len=2, steps=3, eval_rows=4, multiples=(1, 8))
     print(f"\n== state tracking: final-answer parity, trained on 1..{recipe.train_len} bits "
