@@ -42,6 +42,17 @@ class TrainConfig:
         "1 pass: the baseline), 'fixed:K', or a list of phases [{until: 0.75, passes: {1: 1.0}}, ...]",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
+    later_pass_weight_ramp: float = _f(
+        0.0,
+        "ramp λ linearly from 0 to later_pass_weight over this fraction of the feedback phase (the steps from "
+        "the first phase that allows K > 1 to the end); 0 = λ from the start (the paper)",
+    )
+    fusion_lr_multiplier: float = _f(1.0, "the fusion's parameters (model.fusion.*) train at this multiple of the lr")
+    fusion_warmup_steps: int = _f(
+        0,
+        "the first N steps of the feedback phase detach the fed-back states, so the plain pass gets no gradient "
+        "from later passes while the fusion warms up; 0 = off (the paper)",
+    )
     prefix_mixin: float = _f(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
     detach_passes: bool = _f(
         False,
@@ -138,6 +149,12 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
+        if not 0 <= t.later_pass_weight_ramp <= 1:
+            raise ConfigError(f"train.later_pass_weight_ramp={t.later_pass_weight_ramp} must lie in [0, 1] "
+                              "(a fraction of the feedback phase; 0 = no ramp)")
+        if not t.fusion_lr_multiplier >= 0 or t.fusion_warmup_steps < 0:
+            raise ConfigError(f"train.fusion_lr_multiplier={t.fusion_lr_multiplier} and train.fusion_warmup_steps="
+                              f"{t.fusion_warmup_steps} must be >= 0")
         if t.grad_passes < 0:
             raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
@@ -323,6 +340,8 @@ MODEL_HELP = {
     "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
+    "embed_norm": "parameter-free RMSNorm of the token embedding, so plain inputs have unit RMS like fused ones "
+                  "(not in the paper)",
 }
 
 

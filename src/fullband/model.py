@@ -56,6 +56,7 @@ class FullBandConfig:
     feedback_source: str = "final_norm"
     feedback_jitter: float = 0.02
     init_std: float = 0.02
+    embed_norm: bool = False  # parameter-free RMSNorm of the token embedding (not in the paper)
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -418,6 +419,11 @@ class FullBandLM(nn.Module):
         start = cache.length if cache is not None else 0
 
         x = self.embed(input_ids)
+        if self.config.embed_norm:
+            # Plain positions then enter the stack at unit RMS like fused ones (the fusion ends in an RMSNorm).
+            # The fusion sees this normalised embedding too, so a position has one token representation.
+            wide = x.to(torch.promote_types(x.dtype, torch.float32))  # in float32 at least, as RMSNorm does
+            x = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)).to(x.dtype)
         if feedback is not None:
             fused = self.fusion(x, feedback.to(x.dtype))
             x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)

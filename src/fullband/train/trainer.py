@@ -37,6 +37,7 @@ from fullband.train.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
+from fullband.train.feedback import fusion_warming_up, later_pass_weight_at
 from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.schedule import PassSchedule
@@ -364,6 +365,8 @@ class Trainer:
             while step < total_steps:
                 passes = schedule.passes_for_step(step, total_steps, t.seed)
                 lr = set_lr(optimizers, lr_multiplier(step, total_steps, t))
+                later_pass_weight = later_pass_weight_at(step, total_steps, schedule, t)
+                detach = t.detach_passes or fusion_warming_up(step, total_steps, schedule, t)
                 z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, total_steps, t)) else 0.0
                 # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
                 loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
@@ -380,8 +383,8 @@ class Trainer:
                             out = objective(
                                 input_ids=batch.input_ids, passes=passes, labels=batch.targets,
                                 plain_mask=batch.plain_mask, segment_ids=batch.segment_ids,
-                                prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
-                                later_pass_weight=t.later_pass_weight, z_loss=z_loss, generator=generators,
+                                prefix_mixin=t.prefix_mixin, detach=detach,
+                                later_pass_weight=later_pass_weight, z_loss=z_loss, generator=generators,
                                 backward_scale=per_pass_backward, keep_logits=False,
                                 grad_passes=t.grad_passes or None,
                             )

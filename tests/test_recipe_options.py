@@ -1,0 +1,182 @@
+"""The training-recipe options beyond the paper (docs/method.md, "options beyond the paper"): model.embed_norm,
+train.later_pass_weight_ramp, train.fusion_lr_multiplier and train.fusion_warmup_steps."""
+
+from __future__ import annotations
+
+import pytest
+import test_train
+import torch
+from conftest import FUSIONS, make_model, reference_decode
+from test_generation import generate_with_logits
+from test_train import read_metrics, steps_of, tiny_config
+
+from fullband import FullBandLM
+from fullband.config import ConfigError, TrainConfig
+from fullband.train import PassSchedule, train
+from fullband.train.feedback import feedback_start_step, fusion_warming_up, later_pass_weight_at
+from fullband.train.optim import build_optimizers, set_lr
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
+
+# K = 1 for the first half of the run, then K = 2: the feedback phase is the second half.
+HALF_SCHEDULE = [{"until": 0.5, "passes": {1: 1.0}}, {"until": 1.0, "passes": {2: 1.0}}]
+
+
+def _stack_input(model: FullBandLM, **kwargs) -> torch.Tensor:
+    """What the first block receives: the (plain or fused) input of every position."""
+    seen = []
+    handle = model.layers[0].register_forward_pre_hook(lambda module, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(**kwargs)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+# ---- model.embed_norm ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_embed_norm_gives_plain_inputs_unit_rms_and_feeds_the_normalised_embedding_to_the_fusion(fusion):
+    torch.manual_seed(3)
+    ids = torch.randint(0, 64, (2, 9))
+    feedback = torch.randn(2, 9, 32, dtype=torch.float64)
+    plain = torch.rand(2, 9) < 0.5
+    plain[:, 0] = True
+    off = make_model(dtype=torch.float64, fusion=fusion, norm_eps=1e-12)
+    on = make_model(dtype=torch.float64, fusion=fusion, norm_eps=1e-12, embed_norm=True)
+    rms_off = _stack_input(off, input_ids=ids).pow(2).mean(-1).sqrt()
+    rms_on = _stack_input(on, input_ids=ids).pow(2).mean(-1).sqrt()
+    torch.testing.assert_close(rms_on, torch.ones_like(rms_on), atol=1e-9, rtol=0)
+    assert (rms_off - 1).abs().min() > 0.1  # the paper's plain input is not unit RMS: the option changes it
+
+    x = _stack_input(on, input_ids=ids, feedback=feedback, plain_mask=plain)
+    torch.testing.assert_close(x[plain].pow(2).mean(-1).sqrt(), torch.ones(int(plain.sum()), dtype=torch.float64),
+                               atol=1e-9, rtol=0)
+    # The fusion sees the normalised embedding, not the raw one.
+    e = on.embed(ids)
+    e_normed = e * torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-12)
+    with torch.no_grad():
+        expected = on.fusion(e_normed, feedback)
+        raw = on.fusion(e, feedback)
+    torch.testing.assert_close(x[~plain], expected[~plain], atol=1e-9, rtol=0)
+    if fusion != "gate":  # the gate normalises e itself, so raw and normalised agree there
+        assert (x[~plain] - raw[~plain]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["soft", "fused"])
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_embed_norm_cached_decoding_matches_uncached_reference(fusion, mode):
+    model = make_model(dtype=torch.float64, fusion=fusion, embed_norm=True, sliding_window=4)
+    torch.manual_seed(21)
+    prompt = torch.randint(0, 64, (1, 5))
+    n = 8
+    kwargs = {"fused_passes": 2} if mode == "fused" else {}
+    tokens, logits = generate_with_logits(model, prompt, n, mode=mode, **kwargs)
+    _, ref_logits = reference_decode(model, prompt, n, mode, forced=tokens[0], **kwargs)
+    torch.testing.assert_close(logits[0], ref_logits, atol=1e-10, rtol=0)
+
+
+# ---- the λ ramp and the fusion warm-up: pure functions of the step --------------------------------
+
+
+def test_later_pass_weight_ramps_from_the_feedback_phase_start():
+    schedule = PassSchedule.parse("paper")  # feedback from 75% of the steps
+    cfg = TrainConfig(later_pass_weight=0.5, later_pass_weight_ramp=0.5)
+    assert feedback_start_step(schedule, 100) == 75
+    # 25 feedback steps, ramp over 12.5 of them: λ = 0.5 · (step - 75) / 12.5, capped at 0.5
+    expected = {0: 0.0, 74: 0.0, 75: 0.0, 76: 0.04, 80: 0.2, 87: 0.48, 88: 0.5, 99: 0.5}
+    assert {s: later_pass_weight_at(s, 100, schedule, cfg) for s in expected} == pytest.approx(expected, abs=1e-12)
+    assert later_pass_weight_at(80, 100, schedule, TrainConfig(later_pass_weight=0.5)) == 0.5  # no ramp: constant
+    # A schedule with feedback from step 0, and one with no feedback at all.
+    assert feedback_start_step(PassSchedule.parse("fixed:2"), 10) == 0
+    assert feedback_start_step(PassSchedule.parse("standard"), 10) is None
+    assert later_pass_weight_at(3, 10, PassSchedule.parse("standard"), cfg) == 0.5
+    # The phase boundary is the step phase_at places first in the feedback phase, also for awkward fractions.
+    odd = PassSchedule.parse([{"until": 0.3, "passes": {1: 1.0}}, {"until": 1.0, "passes": {1: 0.5, 3: 0.5}}])
+    for total in (7, 10, 33, 1000):
+        start = feedback_start_step(odd, total)
+        assert odd.phase_at(start / total).until == 1.0 and odd.phase_at((start - 1) / total).until == 0.3
+
+
+def test_fusion_warmup_covers_the_first_steps_of_the_feedback_phase():
+    schedule = PassSchedule.parse(HALF_SCHEDULE)
+    cfg = TrainConfig(fusion_warmup_steps=3)
+    assert [fusion_warming_up(s, 10, schedule, cfg) for s in range(10)] == [False] * 5 + [True] * 3 + [False] * 2
+    assert not any(fusion_warming_up(s, 10, schedule, TrainConfig()) for s in range(10))
+
+
+def test_training_uses_the_ramped_weight_and_detaches_during_the_warmup(tmp_path, parity_data, monkeypatch):
+    calls = []
+    original = FullBandLM.multipass
+
+    def spy(self, *args, **kwargs):
+        if "later_pass_weight" in kwargs:  # a training step (the evaluation calls multipass too)
+            calls.append((kwargs["passes"], kwargs["later_pass_weight"], kwargs["detach"]))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(FullBandLM, "multipass", spy)
+    cfg = tiny_config(train={"tokens": steps_of(8), "schedule": HALF_SCHEDULE, "later_pass_weight": 0.8,
+                             "later_pass_weight_ramp": 0.5, "fusion_warmup_steps": 1})
+    train(cfg, tmp_path / "run", data_dir=parity_data)
+    # Steps 4..7 have K = 2; λ ramps over 0.5 × 4 = 2 steps: 0, 0.4, 0.8, 0.8 (0 before: unused with K = 1);
+    # step 4 alone is detached.
+    assert [(k, pytest.approx(w), d) for k, w, d in calls] == (
+        [(1, 0.0, False)] * 4 + [(2, 0.0, True), (2, 0.4, False), (2, 0.8, False), (2, 0.8, False)])
+    rows = read_metrics(tmp_path / "run")
+    for row, weight in zip(rows[4:], (0.0, 0.4, 0.8, 0.8), strict=True):
+        first, later = row["pass_losses"]
+        assert row["loss"] == pytest.approx(first + weight * later, rel=1e-6)
+
+
+# ---- train.fusion_lr_multiplier ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_fusion_lr_multiplier_scales_the_fusion_groups(optimizer):
+    model = make_model()
+    fusion = {id(p) for p in model.fusion.parameters()}
+    cfg = TrainConfig(optimizer=optimizer, fusion_lr_multiplier=0.25)
+    optimizers = build_optimizers(model, cfg)
+    seen = set()
+    for opt in optimizers:
+        peak = cfg.muon_lr if isinstance(opt, torch.optim.Muon) else cfg.lr
+        for group in opt.param_groups:
+            kinds = {id(p) in fusion for p in group["params"]}
+            assert len(kinds) == 1  # no group mixes fusion and trunk parameters
+            assert group["initial_lr"] == pytest.approx(peak * (0.25 if kinds == {True} else 1.0))
+            seen |= {id(p) for p in group["params"]}
+    assert seen == {id(p) for p in model.parameters()}
+    set_lr(optimizers, 0.5)  # the schedule keeps the ratio
+    for opt in optimizers:
+        for group in opt.param_groups:
+            assert group["lr"] == pytest.approx(0.5 * group["initial_lr"])
+    # The default keeps today's groups (so existing checkpoints' optimizer states still load).
+    assert [len(o.param_groups) for o in build_optimizers(model, TrainConfig(optimizer=optimizer))] == (
+        [1, 1] if optimizer == "muon" else [2])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_fusion_lr_multiplier_zero_freezes_the_fusion(optimizer):
+    model = make_model().train()
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    optimizers = build_optimizers(model, TrainConfig(optimizer=optimizer, fusion_lr_multiplier=0.0))
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(5))
+    model.multipass(ids[:, :-1], passes=2, labels=ids[:, 1:]).loss.backward()
+    assert model.fusion.value_proj.weight.grad.abs().max() > 0  # the fusion had something to learn
+    for opt in optimizers:
+        opt.step()
+    for name, p in model.named_parameters():
+        moved = not torch.equal(p, before[name])
+        assert moved != name.startswith("fusion."), name
+
+
+def test_recipe_options_reject_bad_values():
+    with pytest.raises(ConfigError, match="later_pass_weight_ramp"):
+        tiny_config(train={"later_pass_weight_ramp": 1.5})
+    with pytest.raises(ConfigError, match="fusion_lr_multiplier"):
+        tiny_config(train={"fusion_lr_multiplier": -1.0})
+    with pytest.raises(ConfigError, match="fusion_warmup_steps"):
+        tiny_config(train={"fusion_warmup_steps": -2})
