@@ -2,8 +2,11 @@
 spread. Prints a markdown table and writes JSON.
 
     python benchmarks/compare_seeds.py --seeds 0 1 2 --out benchmarks/results/compare_seeds.json
+    python benchmarks/compare_seeds.py --set model.embed_norm=true --work-dir runs/cs_embed_norm \
+        --out benchmarks/results/compare_seeds_embed_norm.json
 
-Each (schedule, seed) is one `fullband train` run with the given preset (default: the demo's `cpu`).
+Each (schedule, seed) is one `fullband train` run with the given preset (default: the demo's `cpu`);
+``--set section.field=VALUE`` (repeatable) changes a config field of both models, e.g. a recipe option.
 """
 
 from __future__ import annotations
@@ -27,7 +30,15 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu")
     parser.add_argument("--work-dir", default="runs/compare_seeds")
     parser.add_argument("--out", default="benchmarks/results/compare_seeds.json")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="config override for both models (repeatable)")
     args = parser.parse_args()
+    extra = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            parser.error(f"--set expects SECTION.FIELD=VALUE, got {item!r}")
+        extra[key] = value
 
     work = Path(args.work_dir)
     losses: dict[str, dict[str, list[float]]] = {name: {} for name in SCHEDULES}
@@ -39,6 +50,7 @@ def main() -> None:
                 "train.seed": str(seed),
                 "train.progress": "false",
                 "train.log_every": "100000",
+                **extra,
             }
             config = load_config(PRESET_DIR / f"{args.preset}.yaml", overrides)
             started = time.perf_counter()
@@ -69,7 +81,8 @@ def main() -> None:
     print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
-        json.dumps({"preset": args.preset, "seeds": args.seeds, "runs": runs, "table": table}, indent=2)
+        json.dumps({"preset": args.preset, "overrides": extra, "seeds": args.seeds, "runs": runs, "table": table},
+                   indent=2)
     )
 
 
