@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullband.cli_options import add_config_options
+from fullband.cli_options import add_config_options, add_validation_data_options
 from fullband.config import RunConfig, load_config
 from fullband.errors import FullbandError
 from fullband.loading import encode_prompt, load_model, preset_path
@@ -157,16 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="validation loss per decode mode and per number of fused passes")
-    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="prepared dataset (default: the one the checkpoint was trained on)")
-    p.add_argument("--split", default="val", help="dataset split (default: val)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
-    p.add_argument("--batches", type=int, default=8, help="number of batches (default: 8)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    add_validation_data_options(p, batches=8)
     p.add_argument("--fused-passes", type=int, default=3, help="report fused(1..n) (default: 3)")
-    p.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.set_defaults(func=cmd_eval)
 

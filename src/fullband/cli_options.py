@@ -32,3 +32,17 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
                 metavar=_type_name(hints[f.name]),
                 help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
             )
+
+
+def add_validation_data_options(parser: argparse.ArgumentParser, batches: int) -> None:
+    """The checkpoint and held-out data options of the commands that score a checkpoint on its dataset
+    (``fullband eval``, ``jacobi``)."""
+    parser.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help="prepared dataset (default: the one the checkpoint was trained on)")
+    parser.add_argument("--split", default="val", help="dataset split (default: val)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
+    parser.add_argument("--batches", type=int, default=batches, help=f"number of batches (default: {batches})")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
+    parser.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
+    parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from fullband.cli_options import add_validation_data_options
 from fullband.data.shards import IGNORE_INDEX
 from fullband.errors import FullbandError
 from fullband.generation import sequential_forward
@@ -172,17 +173,9 @@ def format_curve(curve: JacobiCurve) -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("jacobi", help="loss and state change per fused pass, up to N passes (JSON + PNG)")
-    p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
+    add_validation_data_options(p, batches=2)
     p.add_argument("--passes", type=int, default=100, help="largest number of fused passes k (default: 100)")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (jacobi.json, jacobi.png)")
-    p.add_argument("--data-dir", metavar="DIR",
-                   help="prepared dataset (default: the one the checkpoint was trained on)")
-    p.add_argument("--split", default="val", help="dataset split (default: val)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: min(max_seq_len, 256))")
-    p.add_argument("--batches", type=int, default=2, help="number of batches (default: 2)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
-    p.add_argument("--no-sequential", action="store_true", help="skip the exact sequential reference")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.set_defaults(func=run)
 
 
