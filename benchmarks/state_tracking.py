@@ -155,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-rows", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="config override of the preset for every model (repeatable), e.g. model.feedback_jitter=0.1")
     p.add_argument("--out", default="benchmarks/results/state_tracking.jsonl")
     p.add_argument("--plot", default="docs/state_tracking.png")
     p.add_argument("--summary-only", action="store_true")
@@ -164,6 +166,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.train_len, args.steps, args.eval_rows, args.seeds = 2, 3, 4, args.seeds[:1]
         args.multiples = (1, 2)
+    args.overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or "." not in key:
+            p.error(f"--set expects SECTION.FIELD=VALUE, got {item!r}")
+        args.overrides[key] = value
     unknown = set(args.tasks.split(",")) - set(STATE_TRACKING_TASKS)
     if unknown:
         p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)}")
@@ -176,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    config = load_config(PRESET_DIR / f"{args.preset}.yaml")
+    config = load_config(PRESET_DIR / f"{args.preset}.yaml", args.overrides)
     recipe = Recipe(train_len=args.train_len, steps=args.steps, batch_size=args.batch_size or config.train.batch_size,
                     grad_passes=args.grad_passes, curriculum=args.curriculum, eval_rows=args.eval_rows,
                     multiples=args.multiples)
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                     modes = ("exact", "plain") if kind == "fbt" else ("plain",)
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
-                              "batch_size": recipe.batch_size, "train": info,
+                              "batch_size": recipe.batch_size, "overrides": args.overrides, "train": info,
                               "eval": evaluate(model, task, recipe, modes)}
                     with out.open("a") as f:
                         f.write(json.dumps(record) + "\n")

@@ -57,3 +57,36 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
     assert "| fbt exact |" in text and "paired: fbt exact − baseline |" in text
     st.main(argv)  # everything is done: nothing is retrained
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_probe_tasks_have_the_requested_moves():
+    rng = random.Random(0)
+    completion = core.task_with_moves("completion", 5).generate(rng)
+    assert len(completion.prompt.split(" : ")[1].removesuffix(" :")) == 5
+    registers = core.task_with_moves("registers", 3).generate(rng)
+    assert registers.prompt.count("=") == 3
+    delayed = core.task_with_moves("delayed", 2).generate(rng)  # at least delay + 1 = 4 digits
+    assert len(delayed.prompt.split(" : ")[1].removesuffix(" :")) == 4
+
+
+def test_k2_kind_trains_with_two_passes_and_full_attention(single_thread):
+    config = st.load_config(st.PRESET_DIR / "state-tracking.yaml")
+    recipe = core.Recipe(train_len=2, steps=2, eval_rows=4, multiples=(1,))
+    model, info = core.train_model("delayed", "fbt_k2", 0, config, recipe)
+    assert info["mean_passes"] == 2 and model.config.sliding_window is None
+    model, info = core.train_model("delayed", "fbt", 0, config, recipe)
+    assert info["mean_passes"] > 2 and model.config.sliding_window == config.model.sliding_window
+    assert len(info["loss_curve"]) == 2  # one mean per step-tenth that holds a step
+
+
+def test_probe_benchmark_quick_writes_layer_accuracies(tmp_path, capsys, single_thread):
+    spec = importlib.util.spec_from_file_location("probes", SCRIPT.parent / "probes.py")
+    probes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probes)
+    out = tmp_path / "probes.jsonl"
+    probes.main(["--quick", "--tasks", "delayed", "--out", str(out)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()[:1]]
+    assert set(record["probe"]) == {"standard", "fused:1", "exact"}
+    n_layers = st.load_config(st.PRESET_DIR / "state-tracking.yaml").model.n_layers
+    assert all(len(v) == n_layers + 1 and all(0 <= a <= 1 for a in v) for v in record["probe"].values())
+    assert "| delayed | fbt_k2 |" in capsys.readouterr().out

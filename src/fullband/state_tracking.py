@@ -17,7 +17,13 @@ import torch
 
 from fullband.config import RunConfig
 from fullband.data import ByteTokenizer, Example
-from fullband.data.synthetic import state_tracking_task, synthetic_examples
+from fullband.data.synthetic import (
+    STATE_TRACKING_TASKS,
+    SyntheticTask,
+    get_task,
+    state_tracking_task,
+    synthetic_examples,
+)
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
 
@@ -64,9 +70,30 @@ def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> in
     return max(2, min(train_len, round(2 + (train_len - 2) * step / (fraction * steps))))
 
 
+# Tasks with a running state that are not in the final-answer-only family, used by the probe experiment
+# (benchmarks/probes.py), and the field that sets their number of moves.
+PROBE_TASKS = {"completion": "len", "delayed": "len", "registers": "writes"}
+
+
+def task_with_moves(name: str, moves: int) -> SyntheticTask:
+    """The task with exactly `moves` moves (delayed memory: at least delay + 1 digits)."""
+    if name in STATE_TRACKING_TASKS:
+        return state_tracking_task(name, moves, moves)
+    if name == "delayed":
+        moves = max(moves, 4)  # the default delay is 3
+    field = PROBE_TASKS[name]
+    return get_task(f"{name}:min_{field}={moves},max_{field}={moves}")
+
+
+# How each kind of model is trained: (keeps the preset's attention window, passes per step; "T" = the
+# sequence length, i.e. the exact recurrence over the whole prompt).
+KINDS: dict[str, tuple[bool, int | str]] = {"fbt": (True, "T"), "baseline": (False, 1), "baseline_compute": (False, 1),
+                                            "fbt_k2": (False, 2)}
+
+
 def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
     model_config = config.model
-    if kind != "fbt":  # the baseline is an ordinary transformer: full attention
+    if not KINDS[kind][0]:  # an ordinary transformer (or the paper's FBT): full attention
         model_config = type(model_config).from_dict({**model_config.to_dict(), "sliding_window": None})
     torch.manual_seed(seed)
     return FullBandLM(model_config)
@@ -75,15 +102,16 @@ def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
 def train_model(
     task: str, kind: str, seed: int, config: RunConfig, recipe: Recipe, steps: int | None = None
 ) -> tuple[FullBandLM, dict]:
-    """Train a fresh model (`kind` "fbt": K = sequence length passes; anything else: one pass) with the
-    optimiser settings of ``config.train``. Returns the model in eval mode and what the run cost."""
+    """Train a fresh model of a `kind` in KINDS ("fbt": window, K = sequence length passes; "baseline":
+    full attention, one pass; "fbt_k2": full attention, two passes) with the optimiser settings of
+    ``config.train``. Returns the model in eval mode and what the run cost."""
     steps = recipe.steps if steps is None else steps
     tok = ByteTokenizer()
     model = build_model(config, kind, seed)
     t = config.train
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
     rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
-    passes_total, tokens, started = 0, 0, time.perf_counter()
+    passes_total, tokens, started, losses = 0, 0, time.perf_counter(), []
     model.train()
     for step in range(steps):
         lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
@@ -93,10 +121,10 @@ def train_model(
         for group in opt.param_groups:
             group["lr"] = lr
         n = rng.randint(1, curriculum_max(step, steps, recipe.train_len, recipe.curriculum))
-        examples = synthetic_examples(state_tracking_task(task, n, n), recipe.batch_size, rng.randrange(2**31))
+        examples = synthetic_examples(task_with_moves(task, n), recipe.batch_size, rng.randrange(2**31))
         ids, labels = encode_batch(examples, tok)
         # K = T passes: position T-1 (the last one with a label) then sees the exact recurrence.
-        passes = ids.shape[1] if kind == "fbt" else 1
+        passes = ids.shape[1] if KINDS[kind][1] == "T" else int(KINDS[kind][1])
         grad_passes = min(passes, recipe.grad_passes) if recipe.grad_passes > 0 else None
         out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
                               later_pass_weight=t.later_pass_weight)
@@ -107,10 +135,18 @@ def train_model(
         opt.step()
         passes_total += passes
         tokens += ids.numel()
+        losses.append(out.loss.item())
     model.eval()
     info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
-            "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1)}
+            "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1),
+            # mean training loss over each tenth of the run: did it learn, plateau, or diverge?
+            "loss_curve": [round(sum(c) / len(c), 4) for c in _tenths(losses)]}
     return model, info
+
+
+def _tenths(values: list[float]) -> list[list[float]]:
+    n = len(values)
+    return [values[i * n // 10 : (i + 1) * n // 10] for i in range(10) if (i + 1) * n // 10 > i * n // 10]
 
 
 @torch.no_grad()
@@ -121,7 +157,7 @@ def evaluate(model: FullBandLM, task: str, recipe: Recipe, modes: tuple[str, ...
     tok, results = ByteTokenizer(), {}
     for m in recipe.multiples:
         n = m * recipe.train_len
-        examples = synthetic_examples(state_tracking_task(task, n, n), recipe.eval_rows, 10_000 + m)
+        examples = synthetic_examples(task_with_moves(task, n), recipe.eval_rows, 10_000 + m)
         ids, labels = encode_batch(examples, tok)
         results[str(m)] = {}
         for mode in modes:

@@ -1,0 +1,34 @@
+"""benchmarks/lm_recipes.py --quick end to end: arms, token multiples, resume, paired summary."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_recipes.py"
+spec = importlib.util.spec_from_file_location("lm_recipes", SCRIPT)
+lm = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lm)
+
+
+def test_every_arm_is_a_valid_config():
+    for name, overrides in lm.ARMS.items():
+        config = lm.load_config(lm.PRESET_DIR / "cpu.yaml", overrides)
+        assert config.train.schedule is not None, name
+    assert lm.load_config(lm.PRESET_DIR / "cpu.yaml", lm.ARMS["fbt_from0"]).train.schedule[0]["until"] == 1.0
+
+
+def test_quick_run_records_budgets_resumes_and_pairs(tmp_path, capsys, single_thread):
+    out = tmp_path / "lm.jsonl"
+    argv = ["--quick", "--arms", "baseline,fbt,baseline@2", "--seeds", "0", "--work-dir", str(tmp_path / "w"),
+            "--out", str(out), "--plot", str(tmp_path / "lm.png")]
+    lm.main(argv)
+    records = {r["arm"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(records) == {"baseline", "fbt", "baseline@2"}
+    assert records["baseline@2"]["tokens"] == 2 * records["baseline"]["tokens"]
+    assert records["baseline"]["compute_tokens"] == records["baseline"]["tokens"]  # one pass
+    assert records["fbt"]["compute_tokens"] > records["fbt"]["tokens"]  # feedback passes cost compute
+    text = capsys.readouterr().out
+    assert "| fbt: fused(1) − own standard | 1 |" in text and "fbt standard − baseline (equal tokens)" in text
+    assert (tmp_path / "lm.png").stat().st_size > 0
+    lm.main(argv)  # all done: nothing retrained, nothing appended
+    assert len(out.read_text().splitlines()) == 3
