@@ -32,3 +32,19 @@ def test_quick_run_records_budgets_resumes_and_pairs(tmp_path, capsys, single_th
     assert (tmp_path / "lm.png").stat().st_size > 0
     lm.main(argv)  # all done: nothing retrained, nothing appended
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_contraction_reads_the_recipe_runs(tmp_path, capsys, single_thread):
+    out = tmp_path / "lm.jsonl"
+    lm.main(["--quick", "--arms", "fbt", "--seeds", "0", "--work-dir", str(tmp_path / "w"), "--out", str(out),
+             "--plot", ""])
+    spec = importlib.util.spec_from_file_location("contraction", SCRIPT.parent / "contraction.py")
+    contraction = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contraction)
+    result = tmp_path / "c.jsonl"
+    contraction.main(["--runs", str(out), "--arms", "fbt", "--seeds", "0", "--seq-len", "16", "--out", str(result)])
+    (record,) = [json.loads(line) for line in result.read_text().splitlines()]
+    curve = record["curve"]
+    assert curve["passes"] == list(range(16))  # k = 0 .. seq_len - 1
+    assert abs(curve["loss"][15] - curve["sequential_loss"][15]) < 1e-5  # exact after seq_len - 1 passes
+    assert "contraction ratio" in capsys.readouterr().out

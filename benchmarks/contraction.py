@@ -1,0 +1,107 @@
+"""Is the feedback map a contraction? The paper's Fig. 3, small: for the FBTs trained by
+benchmarks/lm_recipes.py (e.g. the paper's 75/22/3 schedule, arm `fbt`, against 75% one pass + 25% two
+passes, arm `fbt_7525`), run the Jacobi iteration of fused passes (``fullband.jacobi.jacobi_curve``) far
+past the trained depth and report, per arm, mean ± sd over seeds of
+
+- the relative change of the top states ||h^(k) − h^(k−1)|| / ||h^(k−1)|| at several k (positions ≥ k);
+- the loss after k fused passes minus the exact recurrence's loss on the same positions;
+- the contraction ratio: the median over k = 3..10 of change(k) / change(k − 1) (< 1: each pass shrinks
+  the change, the iteration converges; ≥ 1: it does not).
+
+    python benchmarks/contraction.py --arms fbt,fbt_7525 --seeds 0 1 2
+    python benchmarks/contraction.py --summary-only
+
+The iteration is exact after seq_len − 1 passes (every position holds the sequential state), so with
+--seq-len 128 it runs 127 passes; one JSON line per (arm, seed) is appended to --out (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from fullband.jacobi import jacobi_curve
+from fullband.loading import load_model_and_data
+
+SHOWN = (1, 2, 3, 4, 5, 10, 30, 100)
+
+
+def mean_sd(values: list[float], fmt: str = ".3g") -> str:
+    if len(values) == 1:
+        return format(values[0], fmt)
+    return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
+
+
+def contraction_ratio(change: list[float | None]) -> float:
+    ratios = [change[k] / change[k - 1] for k in range(3, min(11, len(change))) if change[k] and change[k - 1]]
+    return statistics.median(ratios)
+
+
+def summarise(records: list[dict]) -> str:
+    arms = list(dict.fromkeys(r["arm"] for r in records))
+    last = min(len(r["curve"]["passes"]) for r in records) - 1
+    ks = [k for k in SHOWN if k <= last] + ([last] if last not in SHOWN else [])
+    lines = ["Relative change of the top states per fused pass, ||h^(k) − h^(k−1)|| / ||h^(k−1)|| on positions ≥ k:",
+             "", "| arm | seeds | contraction ratio | " + " | ".join(f"k={k}" for k in ks) + " |",
+             "|---" * (3 + len(ks)) + "|"]
+    for arm in arms:
+        runs = [r for r in records if r["arm"] == arm]
+        cells = [mean_sd([r["curve"]["relative_change"][k] for r in runs]) for k in ks]
+        ratio = mean_sd([contraction_ratio(r["curve"]["relative_change"]) for r in runs], ".3f")
+        lines.append(f"| {arm} | {len(runs)} | {ratio} | " + " | ".join(cells) + " |")
+    lines += ["", "Loss after k fused passes minus the exact recurrence's loss on the same positions (nats/token):",
+              "", "| arm | seeds | " + " | ".join(f"k={k}" for k in (0, *ks)) + " |", "|---" * (3 + len(ks)) + "|"]
+    for arm in arms:
+        runs = [r for r in records if r["arm"] == arm]
+        cells = [mean_sd([r["curve"]["loss"][k] - r["curve"]["sequential_loss"][k] for r in runs], ".4f")
+                 for k in (0, *ks)]
+        lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arms", default="fbt,fbt_7525")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--runs", default="benchmarks/results/lm_recipes.jsonl", help="lm_recipes.py results (run dirs)")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batches", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="benchmarks/results/contraction.jsonl")
+    p.add_argument("--summary-only", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    if not args.summary_only:
+        runs = {(r["arm"], r["seed"]): r for r in map(json.loads, Path(args.runs).read_text().splitlines())}
+        for arm in args.arms.split(","):
+            for seed in args.seeds:
+                done = {(r["arm"], r["seed"]) for r in map(json.loads, out.read_text().splitlines())} \
+                    if out.exists() else set()
+                if (arm, seed) in done:
+                    continue
+                if (arm, seed) not in runs:
+                    print(f"skip {arm} seed {seed}: not in {args.runs} (train it with lm_recipes.py first)",
+                          file=sys.stderr)
+                    continue
+                model, dataset, _, _ = load_model_and_data(runs[(arm, seed)]["run_dir"])
+                batches = dataset.split("val").eval_batches(args.seq_len, args.batch_size, args.batches)
+                curve = jacobi_curve(model, batches, args.seq_len - 1)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with out.open("a") as f:
+                    f.write(json.dumps({"arm": arm, "seed": seed, "run_dir": runs[(arm, seed)]["run_dir"],
+                                        "curve": asdict(curve)}) + "\n")
+                print(f"{arm} seed {seed}: ratio {contraction_ratio(curve.relative_change):.3f}", file=sys.stderr,
+                      flush=True)
+    print(summarise([json.loads(line) for line in out.read_text().splitlines()]))
+
+
+if __name__ == "__main__":
+    main()
