@@ -39,7 +39,15 @@ class TrainConfig:
         "paper",
         "pass schedule over the fraction of the token budget: 'paper' (75% 1-pass, then K=2 w.p. 0.88 "
         "and K=3 w.p. 0.12: 75/22/3 overall), 'paper-100b' (75% 1-pass, 25% 3-pass), 'standard' (always "
-        "1 pass: the baseline), 'fixed:K', or a list of phases [{until: 0.75, passes: {1: 1.0}}, ...]",
+        "1 pass: the baseline), 'fixed:K', 'exact' (K = the longest document packed in the step's batch, at most "
+        "seq_len: every document ends in the exact recurrence; isolated-document data only), or a list of phases "
+        "[{until: 0.75, passes: {1: 1.0}}, ...]",
+    )
+    length_curriculum: float = _f(
+        0.0,
+        "short documents first: over this fraction of the steps, batches come only from windows whose longest "
+        "document fits a limit growing linearly from the shortest to the longest such document; then the shuffled "
+        "epochs. 0 = off; isolated-document data only (chat, prompt_answer)",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
     later_pass_weight_ramp: float = _f(
@@ -159,11 +167,25 @@ class RunConfig:
             raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
             raise ConfigError("train.decay_fraction and train.prefix_mixin must lie in [0, 1]")
+        if not 0 <= t.length_curriculum <= 1:
+            raise ConfigError(f"train.length_curriculum={t.length_curriculum} must lie in [0, 1] (a fraction of the "
+                              "steps; 0 = no curriculum)")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
             raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
-        from fullband.train.schedule import PassSchedule
+        from fullband.train.schedule import EXACT, PassSchedule
 
         PassSchedule.parse(t.schedule)
+        d = self.data
+        # data.format auto is only resolved when the data is prepared; the trainer checks that case.
+        text_stream = d.isolate_documents is False or (d.isolate_documents is None and d.format == "text")
+        for option, on in (("train.schedule exact", t.schedule == EXACT),
+                           ("train.length_curriculum", t.length_curriculum > 0)):
+            if on and text_stream:
+                raise ConfigError(
+                    f"{option} needs isolated documents (whole records packed into windows), but data.format="
+                    f"{d.format!r} with data.isolate_documents={d.isolate_documents} cuts a text stream into windows. "
+                    "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
+                )
 
 
 def _type_of(cls: type, name: str) -> Any:

@@ -14,6 +14,8 @@ from fullband.train.schedule import PassSchedule
 def feedback_start_step(schedule: PassSchedule, total_steps: int) -> int | None:
     """The first 0-based step whose phase allows K > 1 (None if no phase does). The schedule places a step
     by the budget fraction at its start, ``step / total_steps``, as ``PassSchedule.passes_for_step`` does."""
+    if schedule.exact:
+        return 0  # every document holds bos and eos, so K = its longest document is >= 2 from the first step
     start = 0.0
     for phase in schedule.phases:
         if any(k > 1 for k, p in phase.passes if p > 0):

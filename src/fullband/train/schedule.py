@@ -1,6 +1,9 @@
 """The pass schedule of docs/method.md §5: phases over the fraction of the token budget, each a distribution
 over the number of passes K. K is drawn from a generator seeded by (seed, step), so every rank of a
-distributed run, and a resumed run, draw the same K for the same step."""
+distributed run, and a resumed run, draw the same K for the same step.
+
+The ``exact`` schedule has no phases: K of a step is the longest document of its batch, which only the
+trainer knows (it reads it from the data loader, the same on every rank)."""
 
 from __future__ import annotations
 
@@ -25,13 +28,19 @@ class Phase:
     passes: tuple[tuple[int, float], ...]  # (K, probability), probabilities sum to 1
 
 
+EXACT = "exact"
+
+
 @dataclass(frozen=True)
 class PassSchedule:
     phases: tuple[Phase, ...]
+    exact: bool = False  # K per step = the batch's longest document (no phases)
 
     @classmethod
     def parse(cls, spec: Any) -> PassSchedule:
-        """A preset name, 'fixed:K', or a list of {until: fraction, passes: {K: probability}}."""
+        """A preset name, 'fixed:K', 'exact', or a list of {until: fraction, passes: {K: probability}}."""
+        if spec == EXACT:
+            return cls((), exact=True)
         if isinstance(spec, str):
             if spec.startswith("fixed:"):
                 try:
@@ -46,7 +55,7 @@ class PassSchedule:
             else:
                 raise ConfigError(
                     f"train.schedule={spec!r} is not a known schedule: use one of {', '.join(PRESETS)}, "
-                    "fixed:K, or a list of phases [{until: 0.75, passes: {1: 1.0}}, ...]"
+                    "fixed:K, exact, or a list of phases [{until: 0.75, passes: {1: 1.0}}, ...]"
                 )
         if not isinstance(spec, list) or not spec:
             raise ConfigError("train.schedule must be a preset name or a non-empty list of phases")
@@ -87,8 +96,16 @@ class PassSchedule:
                 return phase
         return self.phases[-1]
 
+    def _refuse_exact(self, what: str) -> None:
+        if self.exact:
+            raise ConfigError(
+                f"the exact schedule has no {what}: its K is the longest document of each step's batch (at most "
+                "train.seq_len), known only from the data; a run's actual K per step is in metrics.jsonl (passes)"
+            )
+
     def passes_for_step(self, step: int, total_steps: int, seed: int) -> int:
         """K for a 0-based optimizer step; the budget fraction is measured at the step's start."""
+        self._refuse_exact("K per step without its batch")
         phase = self.phase_at(step / total_steps)
         if len(phase.passes) == 1:
             return phase.passes[0][0]
@@ -102,6 +119,7 @@ class PassSchedule:
 
     def mean_passes(self) -> float:
         """Expected passes per step over the whole run (token-equivalent compute = tokens × this)."""
+        self._refuse_exact("expected passes")
         start, total = 0.0, 0.0
         for phase in self.phases:
             total += (phase.until - start) * sum(k * p for k, p in phase.passes)
@@ -110,4 +128,5 @@ class PassSchedule:
 
     @property
     def max_passes(self) -> int:
+        self._refuse_exact("maximum independent of train.seq_len")
         return max(k for phase in self.phases for k, _ in phase.passes)

@@ -2,8 +2,8 @@
 GPUs under torchrun (DDP or FSDP2), with atomic checkpoints and exact resume.
 
 Randomness is derived from (seed, step, micro-batch, global row) rather than carried in a global RNG:
-K per step, the prefix-mixin length and the jitter of each row are the same whichever rank the row
-lands on and whether or not the run was interrupted.
+K per step, the windows of a length-curriculum step, the prefix-mixin length and the jitter of each row are
+the same whichever rank the row lands on and whether or not the run was interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -332,9 +333,17 @@ class Trainer:
         objective = self._wrap(model)
         optimizers = build_optimizers(model, t)
         schedule = PassSchedule.parse(t.schedule)
-        loader = TokenLoader(dataset.split("train"), t.seq_len, t.batch_size, t.seed, self.rank, self.world_size)
         tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
         total_steps = max(1, math.ceil(t.tokens / tokens_per_step))
+        split = dataset.split("train")
+        if schedule.exact and not split.isolate:
+            raise ConfigError(
+                f"train.schedule exact needs isolated documents, but the dataset in {dataset.path} packs a text "
+                f"stream (record format {dataset.manifest.get('record_format')!r}). Use data.format prompt_answer or "
+                "chat (or data.isolate_documents true), or another train.schedule."
+            )
+        curriculum_steps = round(t.length_curriculum * total_steps)
+        loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
 
         step = tokens = compute_tokens = skipped = consecutive_bad = 0
         if self.resume:
@@ -363,15 +372,22 @@ class Trainer:
         final_eval = None
         try:
             while step < total_steps:
-                passes = schedule.passes_for_step(step, total_steps, t.seed)
+                # Every micro-batch's windows are drawn first: an exact step's K must fit all of them. Each rank
+                # sees the global batch's windows, so all ranks agree on K without communicating.
+                windows = [loader.next_windows(step, micro) for micro in range(t.grad_accum)]
+                if schedule.exact:
+                    # A whole window of seq_len + 1 tokens has only seq_len input positions.
+                    passes = min(t.seq_len, int(loader.longest_documents[np.concatenate(windows)].max()))
+                else:
+                    passes = schedule.passes_for_step(step, total_steps, t.seed)
                 lr = set_lr(optimizers, lr_multiplier(step, total_steps, t))
                 later_pass_weight = later_pass_weight_at(step, total_steps, schedule, t)
                 detach = t.detach_passes or fusion_warming_up(step, total_steps, schedule, t)
                 z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, total_steps, t)) else 0.0
                 # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
                 loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
-                for micro in range(t.grad_accum):
-                    batch = loader.next_batch().to(self.device)
+                for micro, micro_windows in enumerate(windows):
+                    batch = loader.batch(micro_windows).to(self.device)
                     # A 1-pass step draws no prefix length and no jitter, so it needs no generators.
                     generators = [
                         torch.Generator(device=self.device).manual_seed(_row_seed(t.seed, step, micro, row))
