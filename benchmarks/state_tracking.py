@@ -36,7 +36,7 @@ import torch
 from fullband.config import load_config
 from fullband.data.synthetic import STATE_TRACKING_TASKS
 from fullband.loading import PRESET_DIR
-from fullband.state_tracking import Recipe, accuracy, evaluate, train_model
+from fullband.state_tracking import Recipe, accuracy, evaluate, evaluate_hold, task_base, train_model
 
 MODELS = ("fbt", "baseline", "baseline_compute")
 
@@ -91,6 +91,11 @@ def summarise(path: Path) -> str:
                     diffs.append(sum(int(x) - int(y) for x, y in zip(a, b)) / len(a))
                 cells.append(mean_sd(diffs))
             lines.append(f"| paired: {label} | {len(common)} | | | " + " | ".join(cells) + " |")
+        held = [r for r in rows if r["model"] == "fbt" and r.get("hold")]
+        if held:
+            cells = [mean_sd([accuracy(r["hold"][m]) for r in held]) for m in multiples]
+            lines.append(f"| fbt exact, hold: L moves then (m − 1)·L no-ops | {len(held)} | | | "
+                         + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -144,7 +149,8 @@ def plot(path: Path, out: Path) -> Path | None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", default=",".join(STATE_TRACKING_TASKS), help="comma-separated tasks")
+    p.add_argument("--tasks", default=",".join(STATE_TRACKING_TASKS),
+                   help="comma-separated tasks, or variants NAME:KEY=VALUE;KEY=VALUE (e.g. cycle:size=3)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--preset", default="state-tracking", help="preset (model and optimiser settings)")
@@ -172,9 +178,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not sep or "." not in key:
             p.error(f"--set expects SECTION.FIELD=VALUE, got {item!r}")
         args.overrides[key] = value
-    unknown = set(args.tasks.split(",")) - set(STATE_TRACKING_TASKS)
+    unknown = {t for t in args.tasks.split(",") if task_base(t) not in STATE_TRACKING_TASKS}
     if unknown:
-        p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)}")
+        p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)} "
+                "(a variant: NAME:KEY=VALUE;KEY=VALUE, e.g. cycle:size=3)")
     if set(args.models.split(",")) - set(MODELS):
         p.error(f"--models: choose from {', '.join(MODELS)}")
     return args
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
                               "batch_size": recipe.batch_size, "overrides": args.overrides, "train": info,
                               "eval": evaluate(model, task, recipe, modes)}
+                    if kind == "fbt":
+                        record["hold"] = evaluate_hold(model, task, recipe)
                     with out.open("a") as f:
                         f.write(json.dumps(record) + "\n")
                     accs = {m: {k: round(accuracy(v), 3) for k, v in r.items()} for m, r in record["eval"].items()}

@@ -90,3 +90,30 @@ def test_probe_benchmark_quick_writes_layer_accuracies(tmp_path, capsys, single_
     n_layers = st.load_config(st.PRESET_DIR / "state-tracking.yaml").model.n_layers
     assert all(len(v) == n_layers + 1 and all(0 <= a <= 1 for a in v) for v in record["probe"].values())
     assert "| delayed | fbt_k2 |" in capsys.readouterr().out
+
+
+def test_hold_rows_keep_the_answer_of_their_random_prefix(single_thread):
+    from fullband.data.synthetic import get_task
+
+    for task, no_op in core.NO_OP.items():
+        example = core.task_with_moves(task, 5).generate(random.Random(3))
+        held = example.prompt.removesuffix(" :") + no_op * 20 + " :"
+        states = get_task(task).targets(type(example)(held, example.answer))
+        assert len(states) == 25 and states[-1][1] == example.answer.strip(), task
+    config = st.load_config(st.PRESET_DIR / "state-tracking.yaml")
+    recipe = core.Recipe(train_len=2, steps=1, eval_rows=3, multiples=(1, 3))
+    model, _ = core.train_model("cycle", "fbt", 0, config, recipe)
+    hold = core.evaluate_hold(model, "cycle", recipe)
+    assert set(hold) == {"1", "3"} and all(len(bits) == 3 for bits in hold.values())
+    assert core.evaluate_hold(model, "s5", recipe) == {}
+
+
+def test_task_variants_pass_their_options():
+    example = core.task_with_moves("cycle:size=3", 6).generate(random.Random(0))
+    moves = example.prompt.split(" ")[1]
+    assert example.answer == f" {sum({'+': 1, '-': -1, '=': 0}[m] for m in moves) % 3}"
+    digits = core.task_with_moves("summod:modulus=3", 40).generate(random.Random(1)).prompt.split(" ")[1]
+    assert set(digits) <= {"0", "1", "2"} and len(digits) == 40
+    assert core.task_base("cycle:size=3") == "cycle" and core.task_base("s5") == "s5"
+    args = st.parse_args(["--tasks", "cycle:size=3,parity", "--summary-only"])
+    assert args.tasks == "cycle:size=3,parity"

@@ -75,10 +75,17 @@ def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> in
 PROBE_TASKS = {"completion": "len", "delayed": "len", "registers": "writes"}
 
 
+def task_base(name: str) -> str:
+    """"cycle" of a task variant "cycle:size=3" (options separated by ";")."""
+    return name.partition(":")[0]
+
+
 def task_with_moves(name: str, moves: int) -> SyntheticTask:
-    """The task with exactly `moves` moves (delayed memory: at least delay + 1 digits)."""
-    if name in STATE_TRACKING_TASKS:
-        return state_tracking_task(name, moves, moves)
+    """The task with exactly `moves` moves (delayed memory: at least delay + 1 digits). A state-tracking
+    task may name a variant, `name:key=value;key=value` (e.g. "cycle:size=3")."""
+    base, _, options = name.partition(":")
+    if base in STATE_TRACKING_TASKS:
+        return state_tracking_task(base, moves, moves, options=options.replace(";", ","))
     if name == "delayed":
         moves = max(moves, 4)  # the default delay is 3
     field = PROBE_TASKS[name]
@@ -163,6 +170,29 @@ def evaluate(model: FullBandLM, task: str, recipe: Recipe, modes: tuple[str, ...
         for mode in modes:
             logits = sequential_forward(model, ids)[0] if mode == "exact" else model(ids).logits
             results[str(m)][mode] = "".join("1" if c else "0" for c in answer_correct(logits, labels).tolist())
+    return results
+
+
+# The move that leaves the state unchanged, for the tasks that have one.
+NO_OP = {"parity": "0", "summod": "0", "cycle": "=", "flipflop": "."}
+
+
+@torch.no_grad()
+def evaluate_hold(model: FullBandLM, task: str, recipe: Recipe) -> dict[str, str]:
+    """Can the learnt recurrence hold a state? {multiple m: per-row correctness (exact recurrence)} on
+    prompts of L random moves followed by (m − 1)·L no-op moves, whose answer is that of the first L
+    moves. A map that only approximately keeps the state under the no-op loses it as the run grows,
+    even though no move changes it. Empty for tasks without a no-op move (S3, S5)."""
+    if task_base(task) not in NO_OP:
+        return {}
+    tok, results = ByteTokenizer(), {}
+    for m in recipe.multiples:
+        examples = synthetic_examples(task_with_moves(task, recipe.train_len), recipe.eval_rows, 30_000 + m)
+        pad = NO_OP[task_base(task)] * ((m - 1) * recipe.train_len)
+        held = [Example(ex.prompt.removesuffix(" :") + pad + " :", ex.answer) for ex in examples]
+        ids, labels = encode_batch(held, tok)
+        correct = answer_correct(sequential_forward(model, ids)[0], labels)
+        results[str(m)] = "".join("1" if c else "0" for c in correct.tolist())
     return results
 
 

@@ -456,16 +456,18 @@ def synthetic_examples(task: str | SyntheticTask, n: int, seed: int) -> list[Exa
     return [task.generate(rng) for _ in range(n)]
 
 
-def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool = False) -> SyntheticTask:
+def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool = False,
+                        options: str = "") -> SyntheticTask:
     """A state-tracking task with one token per move (S3/S5 as generator words) and `min_moves..max_moves`
-    moves, in the final-answer-only format unless `trace`."""
+    moves, in the final-answer-only format unless `trace`; `options` ("key=value,...") sets other fields,
+    e.g. "size=3" for cycle navigation on 3 positions or "modulus=3" for sum mod 3."""
     if name not in STATE_TRACKING_TASKS:
         raise ConfigError(f"{name!r} is not a state-tracking task; choose one of {', '.join(STATE_TRACKING_TASKS)}.")
     field = STATE_TRACKING_TASKS[name]
-    options = f"min_{field}={min_moves},max_{field}={max_moves},trace={str(trace).lower()}"
+    spec = f"{name}:min_{field}={min_moves},max_{field}={max_moves},trace={str(trace).lower()}"
     if name in ("s3", "s5"):
-        options += ",generators=true"
-    return get_task(f"{name}:{options}")
+        spec += ",generators=true"
+    return get_task(spec + (f",{options}" if options else ""))
 
 
 def export_jsonl(task: str | SyntheticTask, path: str | Path, n: int, seed: int) -> Path:
