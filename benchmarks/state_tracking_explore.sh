@@ -8,6 +8,8 @@ run() { python benchmarks/state_tracking.py --threads 1 --plot "" --models fbt "
 # A longer budget: 2000 steps instead of 600.
 run --tasks summod,cycle,s5,s3 --seeds 0 --steps 2000 --out $D/steps2000.jsonl
 run --tasks s5,summod --seeds 1 2 --steps 2000 --out $D/steps2000.jsonl
+run --tasks s3,cycle --seeds 1 2 --steps 2000 --out $D/steps2000.jsonl
+run --tasks parity,flipflop --seeds 0 --steps 2000 --out $D/steps2000.jsonl
 # One change each, cycle navigation, 600 steps.
 run --tasks summod,cycle --seeds 0 --set model.feedback_jitter=0.1 --out $D/jitter0.1.jsonl
 run --tasks cycle --seeds 0 --set model.sliding_window=1 --out $D/cycle_window1.jsonl
