@@ -9,6 +9,9 @@ run() { python benchmarks/state_tracking.py --threads 1 --plot "" --models fbt "
 run --tasks summod,cycle,s5,s3 --seeds 0 --steps 2000 --out $D/steps2000.jsonl
 run --tasks s5,summod --seeds 1 2 --steps 2000 --out $D/steps2000.jsonl
 run --tasks s3,cycle --seeds 1 2 --steps 2000 --out $D/steps2000.jsonl
+# The baseline transformer at the same 2000 steps (equal tokens).
+python benchmarks/state_tracking.py --threads 1 --plot "" --models baseline --tasks summod,s3,s5,cycle --seeds 0 1 2 \
+    --steps 2000 --out $D/steps2000.jsonl
 run --tasks parity,flipflop --seeds 0 --steps 2000 --out $D/steps2000.jsonl
 # One change each, cycle navigation, 600 steps.
 run --tasks summod,cycle --seeds 0 --set model.feedback_jitter=0.1 --out $D/jitter0.1.jsonl
