@@ -105,8 +105,9 @@ def summarise(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: list[dict], out: Path) -> Path | None:
-    """Validation loss against tokens and against compute: the baselines' curve and each FBT arm's modes."""
+def plot(records: list[dict], out: Path, arms: list[str]) -> Path | None:
+    """Validation loss against tokens and against compute: the baselines' curve and the modes of the FBT
+    arms in ``arms``."""
     try:
         import matplotlib
 
@@ -129,7 +130,7 @@ def plot(records: list[dict], out: Path) -> Path | None:
             es.append(statistics.stdev(vals) if len(vals) > 1 else 0.0)
         ax.errorbar(xs, ys, yerr=es, fmt="k-o", capsize=3, label="baseline (standard)")
         markers = {"standard": "s", "fused(1)": "^", "fused(2)": "v", "sequential": "D"}
-        for i, arm in enumerate(a for a in dict.fromkeys(r["arm"] for r in records) if a not in base):
+        for i, arm in enumerate(a for a in dict.fromkeys(r["arm"] for r in records) if a not in base and a in arms):
             runs = [r for r in records if r["arm"] == arm]
             x = statistics.mean(r[key] for r in runs)
             for mode, marker in markers.items():
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work-dir", default="runs/lm_recipes")
     p.add_argument("--out", default="benchmarks/results/lm_recipes.jsonl")
     p.add_argument("--plot", default="docs/lm_recipes.png")
+    p.add_argument("--plot-arms", default="fbt", help="FBT arms whose points the plot shows (comma-separated)")
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
     args = p.parse_args(argv)
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     print(summarise(records))
     if args.plot and records:
-        print(f"\nplot: {plot(records, Path(args.plot))}")
+        print(f"\nplot: {plot(records, Path(args.plot), args.plot_arms.split(','))}")
 
 
 if __name__ == "__main__":

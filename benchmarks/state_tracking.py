@@ -139,7 +139,11 @@ def plot(path: Path, out: Path) -> Path | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    legend = {}  # every model/mode that appears in any panel, not only in the first
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    axes.flat[0].legend(legend.values(), legend.keys(), fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)

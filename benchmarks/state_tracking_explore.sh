@@ -28,4 +28,5 @@ run --tasks cycle --seeds 0 --set model.feedback_jitter=0.5 --out $D/cycle_jitte
 run --tasks cycle --seeds 0 --set model.feedback_jitter=1.0 --out $D/cycle_jitter1.0.jsonl
 # The same tasks on 3 states instead of 5 (rotations of order 3), 600 and 2000 steps.
 run --tasks "cycle:size=3,summod:modulus=3" --seeds 0 --out $D/z3.jsonl
+run --tasks "cycle:size=3" --seeds 1 2 --out $D/z3.jsonl
 run --tasks "cycle:size=3,summod:modulus=3" --seeds 0 --steps 2000 --out $D/z3_steps2000.jsonl
