@@ -7,10 +7,14 @@ the same validation windows, and the baseline at equal tokens and at (about) equ
     python benchmarks/lm_recipes.py --arms baseline@1.5,baseline@2,baseline@3   # token efficiency
     python benchmarks/lm_recipes.py --summary-only                               # tables + plot
     python benchmarks/lm_recipes.py --quick                                      # tiny, for the tests
+    python benchmarks/lm_recipes.py --arms baseline,fbt_from0 --seeds 0 --out benchmarks/results/lm_long.jsonl \
+        --work-dir runs/lm_long --set train.tokens=20000000 --set train.eval_every=610 --curve-plot docs/lm_long.png
 
 An arm is NAME or NAME@X, X multiplying the preset's token budget (train.tokens). Every finished
 (arm, seed) appends one JSON line to --out, so a rerun skips it; an interrupted run resumes from its last
 checkpoint in --work-dir. Token-equivalent compute = tokens × mean passes (the trainer's compute_tokens).
+`--set SECTION.FIELD=VALUE` applies to every arm (after the arm's own settings); with `train.eval_every` each
+record keeps the validation curve (loss per mode against tokens and compute), which `--curve-plot` draws.
 """
 
 from __future__ import annotations
@@ -105,6 +109,114 @@ def summarise(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def eval_curve(run_dir: Path) -> list[dict]:
+    """The run's evaluations (eval.jsonl) with the training tokens and compute (metrics.jsonl) at each."""
+    def lines(name: str) -> list[dict]:
+        return [json.loads(line) for line in (run_dir / name).read_text().splitlines() if line]
+
+    metrics = {r["step"]: r for r in lines("metrics.jsonl")}
+    return [{"step": e["step"], "tokens": metrics[e["step"]]["tokens"],
+             "compute_tokens": metrics[e["step"]]["compute_tokens"], "loss": e["loss"]} for e in lines("eval.jsonl")]
+
+
+def curve_table(records: list[dict]) -> str:
+    """Per seed and evaluation step: every arm's standard loss and each FBT arm's fused(1) and its differences
+    from its own standard pass and from the first baseline arm at the same step (equal tokens)."""
+    lines = []
+    base_arm = next((r["arm"] for r in records if r["name"] == "baseline" and r.get("curve")), None)
+    for seed in sorted({r["seed"] for r in records}):
+        runs = [r for r in records if r["seed"] == seed and r.get("curve")]
+        base = next((r for r in runs if r["arm"] == base_arm), None)
+        fbts = [r for r in runs if r["name"] != "baseline"]
+        if not fbts:
+            continue
+        head = ["step", "tokens"] + ([f"{base_arm} standard"] if base else [])
+        for r in fbts:
+            head += [f"{r['arm']} standard", f"{r['arm']} fused(1)", "fused(1) − own standard"]
+            head += [f"fused(1) − {base_arm}"] if base else []
+        lines += [f"seed {seed}:", "", "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+        base_at = {c["step"]: c for c in base["curve"]} if base else {}
+        for point in fbts[0]["curve"]:
+            step = point["step"]
+            cells = [str(step), f"{point['tokens']:,}"]
+            if base:
+                cells.append(f"{base_at[step]['loss']['standard']:.4f}" if step in base_at else "")
+            for r in fbts:
+                at = {c["step"]: c for c in r["curve"]}.get(step)
+                if at is None:
+                    cells += [""] * (4 if base else 3)
+                    continue
+                std, fused = at["loss"]["standard"], at["loss"].get("fused(1)", float("nan"))
+                cells += [f"{std:.4f}", f"{fused:.4f}", f"{fused - std:+.4f}"]
+                if base:
+                    cells.append(f"{fused - base_at[step]['loss']['standard']:+.4f}" if step in base_at else "")
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_curves(records: list[dict], out: Path) -> Path | None:
+    """Validation loss during training against tokens and against compute (each arm's standard pass, each FBT
+    arm's fused(1); one line per (arm, seed)), and the FBT arms' differences from the baseline at equal tokens.
+    fused(1) points more than 0.5 nats above the same model's standard pass (the fusion is not trained yet,
+    before an FBT's feedback phase) are left out."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
+        return None
+    runs = [r for r in records if r.get("curve")]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    base = {r["seed"]: {c["step"]: c["loss"]["standard"] for c in r["curve"]} for r in runs if r["name"] == "baseline"}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+
+    def trained(r: dict, mode: str) -> list[dict]:
+        if mode == "standard":
+            return r["curve"]
+        if r["name"] == "baseline":
+            return []
+        return [c for c in r["curve"] if c["loss"]["fused(1)"] - c["loss"]["standard"] < 0.5]
+
+    late = [c["loss"][m] for r in runs for m in ("standard", "fused(1)") for c in trained(r, m)
+            if c["step"] >= r["curve"][-1]["step"] / 4]
+    for ax, key, xlabel in ((axes[0], "tokens", "training tokens"),
+                            (axes[1], "compute_tokens", "token-equivalent compute (tokens × mean passes)")):
+        for r in runs:
+            for mode in ("standard", "fused(1)"):
+                if not (points := trained(r, mode)):
+                    continue
+                ax.plot([c[key] for c in points], [c["loss"][mode] for c in points],
+                        color=f"C{arms.index(r['arm'])}", linestyle="-" if mode == "standard" else "--",
+                        marker="." if mode == "standard" else "x", label=f"{r['arm']} {mode} (seed {r['seed']})")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation loss (nats/token)")
+        if late:  # the first evaluations are far above the rest: zoom on where the arms can be told apart
+            span = max(late) - min(late)
+            ax.set_ylim(min(late) - 0.05 * span, max(late) + 0.05 * span)
+        ax.grid(alpha=0.3)
+    for r in (r for r in runs if r["name"] != "baseline" and r["seed"] in base):
+        for mode, style in (("standard", "-"), ("fused(1)", "--")):
+            points = [c for c in trained(r, mode) if c["step"] in base[r["seed"]]]
+            axes[2].plot([c["tokens"] for c in points], [c["loss"][mode] - base[r["seed"]][c["step"]] for c in points],
+                         color=f"C{arms.index(r['arm'])}", linestyle=style, marker="x" if style == "--" else ".",
+                         label=f"{r['arm']} {mode} − baseline (seed {r['seed']})")
+    axes[2].axhline(0, color="k", linewidth=0.8)
+    axes[2].set_xlabel("training tokens")
+    axes[2].set_ylabel("loss difference at equal tokens (nats/token)")
+    axes[2].grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    if axes[2].lines[1:]:
+        axes[2].legend(fontsize=6)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def plot(records: list[dict], out: Path, arms: list[str]) -> Path | None:
     """Validation loss against tokens and against compute: the baselines' curve and the modes of the FBT
     arms in ``arms``."""
@@ -158,10 +270,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/results/lm_recipes.jsonl")
     p.add_argument("--plot", default="docs/lm_recipes.png")
     p.add_argument("--plot-arms", default="fbt", help="FBT arms whose points the plot shows (comma-separated)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="a config override for every arm, after the arm's own (repeatable)")
+    p.add_argument("--curve-plot", default="", help="also plot the validation curves (runs with train.eval_every)")
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
     args = p.parse_args(argv)
     arms = [parse_arm(a) for a in args.arms.split(",")]
+    sets = {}
+    for item in args.sets:
+        key, eq, value = item.partition("=")
+        if not eq or "." not in key:
+            raise SystemExit(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. --set train.eval_every=500")
+        sets[key] = value
     out, work = Path(args.out), Path(args.work_dir)
     quick = {"train.tokens": "1536", "train.seq_len": "32", "train.batch_size": "4", "eval.batches": "1",
              "eval.batch_size": "2", "data.max_train_bytes": "60000", "model.d_model": "32", "model.n_layers": "2",
@@ -178,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
                 base = load_config(PRESET_DIR / f"{args.preset}.yaml", quick)
                 overrides = {**quick, **ARMS[name], "train.seed": str(seed), "train.progress": "false",
                              "train.log_every": "100000", "train.tokens": str(round(base.train.tokens * mult))}
+                overrides.update(sets)
+                if "train.tokens" in sets:  # the budget of --set, still multiplied by the arm's @X
+                    overrides["train.tokens"] = str(round(int(sets["train.tokens"]) * mult))
                 config = load_config(PRESET_DIR / f"{args.preset}.yaml", overrides)
                 run_dir = work / f"{label}-seed{seed}"
                 started = time.perf_counter()
@@ -185,12 +309,19 @@ def main(argv: list[str] | None = None) -> None:
                 record = {"arm": label, "name": name, "mult": mult, "seed": seed, "overrides": ARMS[name],
                           "tokens": result.tokens, "compute_tokens": result.compute_tokens,
                           "loss": result.final_eval.loss, "seconds": round(time.perf_counter() - started, 1),
-                          "run_dir": str(run_dir)}
+                          "run_dir": str(run_dir), "sets": sets}
+                if config.train.eval_every:
+                    record["curve"] = eval_curve(run_dir)
                 with out.open("a") as f:
                     f.write(json.dumps(record) + "\n")
                 print(f"{label} seed {seed}: {record['seconds']} s, {record['loss']}", file=sys.stderr, flush=True)
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     print(summarise(records))
+    if any(r.get("curve") for r in records):
+        print("\nValidation loss during training (same validation windows at every step):\n")
+        print(curve_table(records))
+    if args.curve_plot and records:
+        print(f"plot: {plot_curves(records, Path(args.curve_plot))}")
     if args.plot and records:
         print(f"\nplot: {plot(records, Path(args.plot), args.plot_arms.split(','))}")
 

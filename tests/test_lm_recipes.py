@@ -48,3 +48,26 @@ def test_contraction_reads_the_recipe_runs(tmp_path, capsys, single_thread):
     assert curve["passes"] == list(range(16))  # k = 0 .. seq_len - 1
     assert abs(curve["loss"][15] - curve["sequential_loss"][15]) < 1e-5  # exact after seq_len - 1 passes
     assert "contraction ratio" in capsys.readouterr().out
+
+
+def test_set_overrides_every_arm_and_records_the_validation_curve(tmp_path, capsys, single_thread):
+    out = tmp_path / "lm.jsonl"
+    lm.main(["--quick", "--arms", "baseline,fbt_from0", "--seeds", "0", "--work-dir", str(tmp_path / "w"),
+             "--out", str(out), "--plot", "", "--set", "train.tokens=2048", "--set", "train.eval_every=4",
+             "--curve-plot", str(tmp_path / "curve.png")])
+    records = {r["arm"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["baseline"]["tokens"] == 2048  # --set wins over the preset's budget
+    steps = [c["step"] for c in records["fbt_from0"]["curve"]]
+    assert steps == [4, 8, 12, 16]  # every eval_every steps, then the final evaluation
+    final = records["fbt_from0"]["curve"][-1]
+    assert final["loss"] == records["fbt_from0"]["loss"] and final["tokens"] == 2048
+    assert final["compute_tokens"] == records["fbt_from0"]["compute_tokens"] > 2048
+    text = capsys.readouterr().out
+    assert "| 16 | 2,048 |" in text and "fused(1) − baseline" in text
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    try:
+        lm.main(["--quick", "--arms", "baseline", "--out", str(out), "--set", "train.tokens"])
+    except SystemExit as err:
+        assert "SECTION.FIELD=VALUE" in str(err)
+    else:
+        raise AssertionError("a malformed --set must be refused")
