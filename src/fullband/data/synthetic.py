@@ -220,12 +220,22 @@ class Addition(SyntheticTask):
     """Multi-digit addition with a digit-by-digit trace from the right, carries included.
 
     `add 47+85 : 7+5+0=12 c1, 4+8+1=13 c1 => 132`: each step adds the two digits and the incoming
-    carry, keeps the last digit of the sum and carries the rest.
+    carry, keeps the last digit of the sum and carries the rest. With `trace_percent` < 100 only that
+    percent of the examples write the trace; the others answer directly (`add 47+85 : => 132`), so a
+    model chooses at decode time whether to write one.
     """
 
     name = "addition"
     min_digits: int = 1
     max_digits: int = 10
+    trace_percent: int = 100
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.trace_percent <= 100:
+            raise ConfigError(
+                f"Synthetic task addition: trace_percent must be 0..100 (the percent of examples that write "
+                f"the trace), got {self.trace_percent}."
+            )
 
     def generate(self, rng: random.Random) -> Example:
         def number() -> int:
@@ -241,6 +251,9 @@ class Addition(SyntheticTask):
             s = x + y + carry
             steps.append(f"{x}+{y}+{carry}={s} c{s // 10}")
             carry = s // 10
+        # The extra draw happens only below 100%, so the default keeps the examples of every seed.
+        if self.trace_percent < 100 and rng.randrange(100) >= self.trace_percent:
+            return Example(f"add {a}+{b} :", f" => {a + b}")
         return Example(f"add {a}+{b} :", " " + ", ".join(steps) + f" => {a + b}")
 
 
