@@ -10,6 +10,10 @@ past the trained depth and report, per arm, mean ± sd over seeds of
 
     python benchmarks/contraction.py --arms fbt,fbt_7525 --seeds 0 1 2
     python benchmarks/contraction.py --summary-only
+    python benchmarks/contraction.py --runs benchmarks/results/reasoning_traces.jsonl \
+        --arms fixed-fbt,fixed-fbt_from0 --out benchmarks/results/contraction_addition.jsonl  # the addition models
+
+--runs takes the results of lm_recipes.py (arm = the recipe arm) or of reasoning_traces.py (arm = TASK-MODEL).
 
 The iteration is exact after seq_len − 1 passes (every position holds the sequential state), so with
 --seq-len 128 it runs 127 passes; one JSON line per (arm, seed) is appended to --out (resumable).
@@ -59,8 +63,10 @@ def summarise(records: list[dict]) -> str:
               "", "| arm | seeds | " + " | ".join(f"k={k}" for k in (0, *ks)) + " |", "|---" * (3 + len(ks)) + "|"]
     for arm in arms:
         runs = [r for r in records if r["arm"] == arm]
-        cells = [mean_sd([r["curve"]["loss"][k] - r["curve"]["sequential_loss"][k] for r in runs], ".4f")
-                 for k in (0, *ks)]
+        # None: no scored position at or after k (e.g. the last position of a window is a prompt token)
+        diffs = [[r["curve"]["loss"][k] - r["curve"]["sequential_loss"][k] for r in runs
+                  if r["curve"]["loss"][k] is not None] for k in (0, *ks)]
+        cells = [mean_sd(d, ".4f") if d else "" for d in diffs]
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -69,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arms", default="fbt,fbt_7525")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--runs", default="benchmarks/results/lm_recipes.jsonl", help="lm_recipes.py results (run dirs)")
+    p.add_argument("--runs", default="benchmarks/results/lm_recipes.jsonl",
+                   help="lm_recipes.py or reasoning_traces.py results (their run dirs)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--batches", type=int, default=1)
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     if not args.summary_only:
-        runs = {(r["arm"], r["seed"]): r for r in map(json.loads, Path(args.runs).read_text().splitlines())}
+        runs = {(r.get("arm") or f"{r['task']}-{r['model']}", r["seed"]): r
+                for r in map(json.loads, Path(args.runs).read_text().splitlines())}
         for arm in args.arms.split(","):
             for seed in args.seeds:
                 done = {(r["arm"], r["seed"]) for r in map(json.loads, out.read_text().splitlines())} \

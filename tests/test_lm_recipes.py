@@ -71,3 +71,21 @@ def test_set_overrides_every_arm_and_records_the_validation_curve(tmp_path, caps
         assert "SECTION.FIELD=VALUE" in str(err)
     else:
         raise AssertionError("a malformed --set must be refused")
+
+
+def test_contraction_reads_the_reasoning_trace_runs(tmp_path, capsys, single_thread):
+    spec = importlib.util.spec_from_file_location("reasoning_traces", SCRIPT.parent / "reasoning_traces.py")
+    rt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rt)
+    runs = tmp_path / "rt.jsonl"
+    rt.main(["--quick", "--seeds", "0", "--models", "fbt", "--work-dir", str(tmp_path / "w"), "--out", str(runs),
+             "--plot", ""])
+    spec = importlib.util.spec_from_file_location("contraction", SCRIPT.parent / "contraction.py")
+    contraction = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(contraction)
+    result = tmp_path / "c.jsonl"
+    contraction.main(["--runs", str(runs), "--arms", "fixed-fbt", "--seeds", "0", "--seq-len", "16",
+                      "--out", str(result)])
+    (record,) = [json.loads(line) for line in result.read_text().splitlines()]
+    assert record["arm"] == "fixed-fbt" and record["run_dir"].endswith("fixed-fbt-seed0")
+    assert "| fixed-fbt | 1 |" in capsys.readouterr().out
