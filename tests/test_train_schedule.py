@@ -42,6 +42,9 @@ def test_paper_schedule():
 def test_other_presets_and_fixed():
     assert PassSchedule.parse("paper-100b").mean_passes() == pytest.approx(1.5)
     assert PassSchedule.parse("standard").mean_passes() == 1.0
+    from_start = PassSchedule.parse("feedback-from-start")
+    assert from_start.mean_passes() == pytest.approx(2.12) and from_start.max_passes == 3
+    assert {from_start.passes_for_step(s, 100, 0) for s in range(100)} == {2, 3}  # no single-pass step
     fixed = PassSchedule.parse("fixed:3")
     assert {fixed.passes_for_step(s, 10, 0) for s in range(10)} == {3} and fixed.max_passes == 3
     assert [PassSchedule.parse("paper-100b").passes_for_step(s, 8, 0) for s in range(8)] == [1] * 6 + [3] * 2

@@ -38,8 +38,9 @@ class TrainConfig:
     schedule: Any = _f(
         "paper",
         "pass schedule over the fraction of the token budget: 'paper' (75% 1-pass, then K=2 w.p. 0.88 "
-        "and K=3 w.p. 0.12: 75/22/3 overall), 'paper-100b' (75% 1-pass, 25% 3-pass), 'standard' (always "
-        "1 pass: the baseline), 'fixed:K', 'exact' (K = the longest document packed in the step's batch, at most "
+        "and K=3 w.p. 0.12: 75/22/3 overall), 'paper-100b' (75% 1-pass, 25% 3-pass), 'feedback-from-start' "
+        "(K=2 w.p. 0.88, K=3 w.p. 0.12 from the first step; not the paper's), 'standard' (always 1 pass: the "
+        "baseline), 'fixed:K', 'exact' (K = the longest document packed in the step's batch, at most "
         "seq_len: every document ends in the exact recurrence; isolated-document data only), or a list of phases "
         "[{until: 0.75, passes: {1: 1.0}}, ...]",
     )
