@@ -5,9 +5,16 @@ import json
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_recipes.py"
-spec = importlib.util.spec_from_file_location("lm_recipes", SCRIPT)
-lm = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lm)
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPT.parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+lm = load_script("lm_recipes")
 
 
 def test_every_arm_is_a_valid_config():
@@ -38,9 +45,7 @@ def test_contraction_reads_the_recipe_runs(tmp_path, capsys, single_thread):
     out = tmp_path / "lm.jsonl"
     lm.main(["--quick", "--arms", "fbt", "--seeds", "0", "--work-dir", str(tmp_path / "w"), "--out", str(out),
              "--plot", ""])
-    spec = importlib.util.spec_from_file_location("contraction", SCRIPT.parent / "contraction.py")
-    contraction = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(contraction)
+    contraction = load_script("contraction")
     result = tmp_path / "c.jsonl"
     contraction.main(["--runs", str(out), "--arms", "fbt", "--seeds", "0", "--seq-len", "16", "--out", str(result)])
     (record,) = [json.loads(line) for line in result.read_text().splitlines()]
@@ -74,15 +79,11 @@ def test_set_overrides_every_arm_and_records_the_validation_curve(tmp_path, caps
 
 
 def test_contraction_reads_the_reasoning_trace_runs(tmp_path, capsys, single_thread):
-    spec = importlib.util.spec_from_file_location("reasoning_traces", SCRIPT.parent / "reasoning_traces.py")
-    rt = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rt)
+    rt = load_script("reasoning_traces")
     runs = tmp_path / "rt.jsonl"
     rt.main(["--quick", "--seeds", "0", "--models", "fbt", "--work-dir", str(tmp_path / "w"), "--out", str(runs),
              "--plot", ""])
-    spec = importlib.util.spec_from_file_location("contraction", SCRIPT.parent / "contraction.py")
-    contraction = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(contraction)
+    contraction = load_script("contraction")
     result = tmp_path / "c.jsonl"
     contraction.main(["--runs", str(runs), "--arms", "fixed-fbt", "--seeds", "0", "--seq-len", "16",
                       "--out", str(result)])
