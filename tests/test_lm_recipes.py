@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from fullband.train.schedule import PassSchedule
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "lm_recipes.py"
 
 
@@ -21,7 +23,11 @@ def test_every_arm_is_a_valid_config():
     for name, overrides in lm.ARMS.items():
         config = lm.load_config(lm.PRESET_DIR / "cpu.yaml", overrides)
         assert config.train.schedule is not None, name
-    assert lm.load_config(lm.PRESET_DIR / "cpu.yaml", lm.ARMS["fbt_from0"]).train.schedule[0]["until"] == 1.0
+    from_start = lm.load_config(lm.PRESET_DIR / "cpu.yaml", lm.ARMS["fbt_from0"]).train.schedule
+    explicit = lm.load_config(lm.PRESET_DIR / "cpu.yaml", {"train.schedule": lm.phases((1.0, lm.PAPER_LATE))})
+    # the preset is the same schedule as the phases the arm's recorded runs were made with
+    assert PassSchedule.parse(from_start) == PassSchedule.parse(explicit.train.schedule)
+    assert PassSchedule.parse(from_start).phases[0].until == 1.0
 
 
 def test_quick_run_records_budgets_resumes_and_pairs(tmp_path, capsys, single_thread):
