@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import test_train
 import torch
-from conftest import FUSIONS, make_model, reference_decode
+import torch.nn.functional as F
+from conftest import FUSIONS, make_model, reference_decode, shift
 from test_generation import generate_with_logits
 from test_train import read_metrics, steps_of, tiny_config
 
@@ -180,3 +181,68 @@ def test_recipe_options_reject_bad_values():
         tiny_config(train={"fusion_lr_multiplier": -1.0})
     with pytest.raises(ConfigError, match="fusion_warmup_steps"):
         tiny_config(train={"fusion_warmup_steps": -2})
+
+
+# ---- train.pass_loss: "last" ---------------------------------------------------------------------
+
+
+def _grads(model: FullBandLM) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_last_pass_only_backpropagates_pass_k_alone(detach):
+    """The loss is pass K's cross-entropy; the gradient is that of pass K's loss through the passes that fed
+    it (only pass K's own graph when the states are detached), by hand from model.forward."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 64, (3, 7), generator=g)
+    labels = torch.randint(0, 64, (3, 7), generator=g)
+    labels[:, :3] = -100
+    K = 4
+    model = make_model(dtype=torch.float64)
+    kwargs = {"backward_scale": 1.0} if detach else {}
+    out = model.multipass(ids, K, labels=labels, last_pass_only=True, detach=detach, **kwargs)
+    assert len(out.pass_losses) == K
+    torch.testing.assert_close(out.loss, out.pass_losses[-1].to(out.loss.dtype), rtol=1e-12, atol=0)
+    if not detach:
+        out.loss.backward()
+    got = _grads(model)
+
+    model.zero_grad()
+    plain = torch.zeros(ids.shape, dtype=torch.bool)
+    plain[:, 0] = True
+    hidden = model(ids).hidden
+    for _ in range(K - 1):
+        feedback = shift(hidden.detach() if detach else hidden)
+        step = model(ids, feedback=feedback, plain_mask=plain)
+        hidden = step.hidden
+    F.cross_entropy(step.logits.flatten(0, 1), labels.flatten(), ignore_index=-100).backward()
+    want = _grads(model)
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-7)
+
+
+def test_training_with_pass_loss_last_reports_the_last_pass_loss(tmp_path, parity_data):
+    cfg = tiny_config(train={"tokens": steps_of(4), "schedule": "fixed:3", "pass_loss": "last"})
+    train(cfg, tmp_path / "run", data_dir=parity_data)
+    for row in read_metrics(tmp_path / "run"):
+        assert len(row["pass_losses"]) == 3
+        assert row["loss"] == pytest.approx(row["pass_losses"][-1], rel=1e-6)
+
+
+def test_unknown_pass_loss_is_a_clear_error():
+    with pytest.raises(ConfigError, match="train.pass_loss='first'"):
+        tiny_config(train={"pass_loss": "first"}).validate()
+
+
+def test_paper_plus_last_adds_the_last_pass_to_eq_12():
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 64, (2, 6), generator=g)
+    labels = torch.randint(0, 64, (2, 6), generator=g)
+    model = make_model(dtype=torch.float64)
+    paper = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5)
+    both = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5, last_pass_weight=1.0)
+    torch.testing.assert_close(both.loss, paper.loss + paper.pass_losses[-1].to(paper.loss.dtype), rtol=1e-6, atol=0)
+    first, *later = paper.pass_losses
+    torch.testing.assert_close(paper.loss, (first + 0.5 * sum(later) / 3).to(paper.loss.dtype), rtol=1e-6, atol=0)

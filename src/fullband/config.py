@@ -51,6 +51,11 @@ class TrainConfig:
         "epochs. 0 = off; isolated-document data only (chat, prompt_answer)",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
+    pass_loss: str = _f(
+        "paper",
+        "which passes carry the loss: 'paper' (Eq. 12, L1 + λ·mean(L2..LK)), 'last' (LK only: with schedule "
+        "exact, the exact recurrence) or 'paper+last' (Eq. 12 + LK); the last two are not the paper's",
+    )
     later_pass_weight_ramp: float = _f(
         0.0,
         "ramp λ linearly from 0 to later_pass_weight over this fraction of the feedback phase (the steps from "
@@ -154,7 +159,7 @@ class RunConfig:
             )
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
                    "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16"),
-                   "init_fusion": ("auto", "keep", "reset")}
+                   "init_fusion": ("auto", "keep", "reset"), "pass_loss": ("paper", "last", "paper+last")}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")

@@ -574,6 +574,8 @@ class FullBandLM(nn.Module):
         prefix_mixin: float = 0.0,
         detach: bool = False,
         later_pass_weight: float = 1.0,
+        last_pass_only: bool = False,
+        last_pass_weight: float = 0.0,
         z_loss: float = 0.0,
         ignore_index: int = -100,
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
@@ -591,7 +593,9 @@ class FullBandLM(nn.Module):
         and 0 in eval mode). Position 0, positions in ``plain_mask`` and positions holding
         ``bos_token_id`` (document starts) stay plain in every pass. ``prefix_mixin`` = f > 0 draws per
         sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
-        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned.
+        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned; with
+        ``last_pass_only`` the loss is pass K's alone (the other passes' losses are still reported);
+        ``last_pass_weight`` = w adds w × pass K's loss to Eq. 12.
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
         which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
         backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
@@ -649,7 +653,13 @@ class FullBandLM(nn.Module):
                 count = valid.sum().clamp_min(1)
                 pass_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
                                             reduction="sum") / count
-                term = pass_loss * (1.0 if k == 0 else later_pass_weight / (passes - 1))
+                if last_pass_only:
+                    weight = float(k == passes - 1)
+                else:
+                    weight = 1.0 if k == 0 else later_pass_weight / (passes - 1)
+                    weight += last_pass_weight * (k == passes - 1)
+                # A pass without weight adds no graph: its loss is reported, not backpropagated.
+                term = pass_loss * weight if weight > 0 else pass_loss.detach() * 0.0
                 if z_loss > 0:
                     lse = logits.flatten(0, 1).float().logsumexp(-1)
                     term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count

@@ -400,7 +400,9 @@ class Trainer:
                                 input_ids=batch.input_ids, passes=passes, labels=batch.targets,
                                 plain_mask=batch.plain_mask, segment_ids=batch.segment_ids,
                                 prefix_mixin=t.prefix_mixin, detach=detach,
-                                later_pass_weight=later_pass_weight, z_loss=z_loss, generator=generators,
+                                later_pass_weight=later_pass_weight, last_pass_only=t.pass_loss == "last",
+                                last_pass_weight=float(t.pass_loss == "paper+last"),
+                                z_loss=z_loss, generator=generators,
                                 backward_scale=per_pass_backward, keep_logits=False,
                                 grad_passes=t.grad_passes or None,
                             )
