@@ -201,7 +201,7 @@ def test_last_pass_only_backpropagates_pass_k_alone(detach):
     K = 4
     model = make_model(dtype=torch.float64)
     kwargs = {"backward_scale": 1.0} if detach else {}
-    out = model.multipass(ids, K, labels=labels, last_pass_only=True, detach=detach, **kwargs)
+    out = model.multipass(ids, K, labels=labels, pass_loss="last", detach=detach, **kwargs)
     assert len(out.pass_losses) == K
     torch.testing.assert_close(out.loss, out.pass_losses[-1].to(out.loss.dtype), rtol=1e-12, atol=0)
     if not detach:
@@ -234,6 +234,8 @@ def test_training_with_pass_loss_last_reports_the_last_pass_loss(tmp_path, parit
 def test_unknown_pass_loss_is_a_clear_error():
     with pytest.raises(ConfigError, match="train.pass_loss='first'"):
         tiny_config(train={"pass_loss": "first"}).validate()
+    with pytest.raises(ValueError, match="pass_loss must be"):
+        make_model().multipass(torch.zeros(1, 3, dtype=torch.long), 2, pass_loss="first")
 
 
 def test_paper_plus_last_adds_the_last_pass_to_eq_12():
@@ -242,7 +244,7 @@ def test_paper_plus_last_adds_the_last_pass_to_eq_12():
     labels = torch.randint(0, 64, (2, 6), generator=g)
     model = make_model(dtype=torch.float64)
     paper = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5)
-    both = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5, last_pass_weight=1.0)
+    both = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5, pass_loss="paper+last")
     torch.testing.assert_close(both.loss, paper.loss + paper.pass_losses[-1].to(paper.loss.dtype), rtol=1e-6, atol=0)
     first, *later = paper.pass_losses
     torch.testing.assert_close(paper.loss, (first + 0.5 * sum(later) / 3).to(paper.loss.dtype), rtol=1e-6, atol=0)

@@ -574,8 +574,7 @@ class FullBandLM(nn.Module):
         prefix_mixin: float = 0.0,
         detach: bool = False,
         later_pass_weight: float = 1.0,
-        last_pass_only: bool = False,
-        last_pass_weight: float = 0.0,
+        pass_loss: str = "paper",
         z_loss: float = 0.0,
         ignore_index: int = -100,
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
@@ -593,9 +592,9 @@ class FullBandLM(nn.Module):
         and 0 in eval mode). Position 0, positions in ``plain_mask`` and positions holding
         ``bos_token_id`` (document starts) stay plain in every pass. ``prefix_mixin`` = f > 0 draws per
         sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
-        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned; with
-        ``last_pass_only`` the loss is pass K's alone (the other passes' losses are still reported);
-        ``last_pass_weight`` = w adds w × pass K's loss to Eq. 12.
+        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned (``pass_loss``
+        "paper"); "last": pass K's loss alone (the other passes' losses are still reported); "paper+last":
+        Eq. 12 + pass K's loss.
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
         which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
         backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
@@ -609,6 +608,8 @@ class FullBandLM(nn.Module):
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
+        if pass_loss not in ("paper", "last", "paper+last"):
+            raise ValueError(f"pass_loss must be 'paper', 'last' or 'paper+last', got {pass_loss!r}")
         if grad_passes is not None and grad_passes < 1:
             raise ValueError(f"grad_passes must be None (all passes) or >= 1, got {grad_passes}")
         if backward_scale is not None and (labels is None or not detach):
@@ -651,15 +652,13 @@ class FullBandLM(nn.Module):
                 # masked (e.g. a window inside a long user turn) contributes 0 instead of NaN.
                 valid = (labels != ignore_index).flatten()
                 count = valid.sum().clamp_min(1)
-                pass_loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
-                                            reduction="sum") / count
-                if last_pass_only:
-                    weight = float(k == passes - 1)
-                else:
-                    weight = 1.0 if k == 0 else later_pass_weight / (passes - 1)
-                    weight += last_pass_weight * (k == passes - 1)
+                pass_ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
+                                          reduction="sum") / count
+                weight = 0.0 if pass_loss == "last" else (1.0 if k == 0 else later_pass_weight / (passes - 1))
+                if pass_loss != "paper" and k == passes - 1:
+                    weight += 1.0
                 # A pass without weight adds no graph: its loss is reported, not backpropagated.
-                term = pass_loss * weight if weight > 0 else pass_loss.detach() * 0.0
+                term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
                 if z_loss > 0:
                     lse = logits.flatten(0, 1).float().logsumexp(-1)
                     term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count
@@ -667,10 +666,10 @@ class FullBandLM(nn.Module):
                     # With detached states, pass k's graph is not needed after its own loss term:
                     # backpropagate and free it now, so memory holds one pass instead of K.
                     (backward_scale * term).backward()
-                    term, pass_loss = term.detach(), pass_loss.detach()
+                    term, pass_ce = term.detach(), pass_ce.detach()
                     logits, hidden = logits.detach(), hidden.detach()
                 terms.append(term)
-                out.pass_losses.append(pass_loss)
+                out.pass_losses.append(pass_ce)
             if keep_logits:
                 out.logits.append(logits)
             out.hidden.append(hidden)

@@ -134,8 +134,7 @@ def train_model(
         passes = ids.shape[1] if KINDS[kind][1] == "T" else int(KINDS[kind][1])
         grad_passes = min(passes, recipe.grad_passes) if recipe.grad_passes > 0 else None
         out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
-                              later_pass_weight=t.later_pass_weight, last_pass_only=t.pass_loss == "last",
-                              last_pass_weight=float(t.pass_loss == "paper+last"))
+                              later_pass_weight=t.later_pass_weight, pass_loss=t.pass_loss)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         if t.grad_clip > 0:
