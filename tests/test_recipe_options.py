@@ -14,7 +14,7 @@ from test_train import read_metrics, steps_of, tiny_config
 from fullband import FullBandLM
 from fullband.config import ConfigError, TrainConfig
 from fullband.train import PassSchedule, train
-from fullband.train.feedback import feedback_start_step, fusion_warming_up, later_pass_weight_at
+from fullband.train.feedback import feedback_start_step, fusion_warming_up, later_pass_weight_at, pass_loss_at
 from fullband.train.optim import build_optimizers, set_lr
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -231,9 +231,26 @@ def test_training_with_pass_loss_last_reports_the_last_pass_loss(tmp_path, parit
         assert row["loss"] == pytest.approx(row["pass_losses"][-1], rel=1e-6)
 
 
+def test_last_pass_loss_from_switches_the_loss_at_its_fraction_of_the_steps(tmp_path, parity_data):
+    assert [pass_loss_at(s, 10, TrainConfig()) for s in range(10)] == ["paper"] * 10  # the default never switches
+    cfg = TrainConfig(pass_loss="paper+last", last_pass_loss_from=0.5)
+    assert [pass_loss_at(s, 10, cfg) for s in range(10)] == ["paper+last"] * 5 + ["last"] * 5
+
+    cfg = tiny_config(train={"tokens": steps_of(4), "schedule": "fixed:3", "last_pass_loss_from": 0.5})
+    train(cfg, tmp_path / "run", data_dir=parity_data)
+    rows = read_metrics(tmp_path / "run")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    for row in rows:
+        first, *later = row["pass_losses"]
+        want = later[-1] if row["step"] > 2 else first + sum(later) / len(later)  # Eq. 12 with λ = 1
+        assert row["loss"] == pytest.approx(want, rel=1e-6)
+
+
 def test_unknown_pass_loss_is_a_clear_error():
     with pytest.raises(ConfigError, match="train.pass_loss='first'"):
         tiny_config(train={"pass_loss": "first"}).validate()
+    with pytest.raises(ConfigError, match="train.last_pass_loss_from=1.5 must lie in"):
+        tiny_config(train={"last_pass_loss_from": 1.5}).validate()
     with pytest.raises(ValueError, match="pass_loss must be"):
         make_model().multipass(torch.zeros(1, 3, dtype=torch.long), 2, pass_loss="first")
 

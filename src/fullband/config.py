@@ -56,6 +56,11 @@ class TrainConfig:
         "which passes carry the loss: 'paper' (Eq. 12, L1 + λ·mean(L2..LK)), 'last' (LK only: with schedule "
         "exact, the exact recurrence) or 'paper+last' (Eq. 12 + LK); the last two are not the paper's",
     )
+    last_pass_loss_from: float = _f(
+        1.0,
+        "from this fraction of the steps on, the loss is on the last pass alone (pass_loss 'last'), whatever "
+        "pass_loss says before; 1 = never (the paper)",
+    )
     later_pass_weight_ramp: float = _f(
         0.0,
         "ramp λ linearly from 0 to later_pass_weight over this fraction of the feedback phase (the steps from "
@@ -163,6 +168,9 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
+        if not 0 <= t.last_pass_loss_from <= 1:
+            raise ConfigError(f"train.last_pass_loss_from={t.last_pass_loss_from} must lie in [0, 1] (a fraction of "
+                              "the steps; 1 = never switch to the last pass's loss)")
         if not 0 <= t.later_pass_weight_ramp <= 1:
             raise ConfigError(f"train.later_pass_weight_ramp={t.later_pass_weight_ramp} must lie in [0, 1] "
                               "(a fraction of the feedback phase; 0 = no ramp)")

@@ -26,6 +26,7 @@ from fullband.data.synthetic import (
 )
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
+from fullband.train.feedback import pass_loss_at
 
 IGNORE = -100
 
@@ -134,7 +135,7 @@ def train_model(
         passes = ids.shape[1] if KINDS[kind][1] == "T" else int(KINDS[kind][1])
         grad_passes = min(passes, recipe.grad_passes) if recipe.grad_passes > 0 else None
         out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
-                              later_pass_weight=t.later_pass_weight, pass_loss=t.pass_loss)
+                              later_pass_weight=t.later_pass_weight, pass_loss=pass_loss_at(step, steps, t))
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         if t.grad_clip > 0:

@@ -1,4 +1,5 @@
-"""Per-step settings of the feedback phase beyond the paper: the λ ramp and the fusion warm-up.
+"""Per-step settings of the feedback phase beyond the paper: the λ ramp, the fusion warm-up and the switch to
+the last pass's loss.
 
 Both are pure functions of the step (and the schedule), never of state carried between steps, so a resumed
 run computes exactly what an uninterrupted one does."""
@@ -44,3 +45,9 @@ def fusion_warming_up(step: int, total_steps: int, schedule: PassSchedule, cfg: 
     gradient through them."""
     start = feedback_start_step(schedule, total_steps)
     return start is not None and start <= step < start + cfg.fusion_warmup_steps
+
+
+def pass_loss_at(step: int, total_steps: int, cfg: TrainConfig) -> str:
+    """Which passes carry the loss at ``step`` (``FullBandLM.multipass``'s ``pass_loss``): ``cfg.pass_loss``,
+    then 'last' from the ``cfg.last_pass_loss_from`` fraction of the steps on."""
+    return "last" if step >= cfg.last_pass_loss_from * total_steps else cfg.pass_loss

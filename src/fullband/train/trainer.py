@@ -38,7 +38,7 @@ from fullband.train.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
-from fullband.train.feedback import fusion_warming_up, later_pass_weight_at
+from fullband.train.feedback import fusion_warming_up, later_pass_weight_at, pass_loss_at
 from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.schedule import PassSchedule
@@ -400,7 +400,7 @@ class Trainer:
                                 input_ids=batch.input_ids, passes=passes, labels=batch.targets,
                                 plain_mask=batch.plain_mask, segment_ids=batch.segment_ids,
                                 prefix_mixin=t.prefix_mixin, detach=detach,
-                                later_pass_weight=later_pass_weight, pass_loss=t.pass_loss,
+                                later_pass_weight=later_pass_weight, pass_loss=pass_loss_at(step, total_steps, t),
                                 z_loss=z_loss, generator=generators,
                                 backward_scale=per_pass_backward, keep_logits=False,
                                 grad_passes=t.grad_passes or None,
