@@ -265,3 +265,31 @@ def test_paper_plus_last_adds_the_last_pass_to_eq_12():
     torch.testing.assert_close(both.loss, paper.loss + paper.pass_losses[-1].to(paper.loss.dtype), rtol=1e-6, atol=0)
     first, *later = paper.pass_losses
     torch.testing.assert_close(paper.loss, (first + 0.5 * sum(later) / 3).to(paper.loss.dtype), rtol=1e-6, atol=0)
+    ends = model.multipass(ids, 4, labels=labels, later_pass_weight=0.5, pass_loss="first+last")
+    torch.testing.assert_close(ends.loss, (first + later[-1]).to(ends.loss.dtype), rtol=1e-6, atol=0)
+
+
+def test_first_plus_last_backpropagates_the_plain_and_the_last_pass_alone():
+    """L1 + LK: the gradient equals that of the plain pass's and pass K's cross-entropies written by hand from
+    model.forward; passes 2..K-1 add no loss term, only the path from pass 1 to pass K."""
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 64, (2, 6), generator=g)
+    labels = torch.randint(0, 64, (2, 6), generator=g)
+    K = 4
+    model = make_model(dtype=torch.float64)
+    model.multipass(ids, K, labels=labels, pass_loss="first+last").loss.backward()
+    got = _grads(model)
+
+    model.zero_grad()
+    plain = torch.zeros(ids.shape, dtype=torch.bool)
+    plain[:, 0] = True
+    first = model(ids)
+    hidden = first.hidden
+    for _ in range(K - 1):
+        step = model(ids, feedback=shift(hidden), plain_mask=plain)
+        hidden = step.hidden
+    sum(F.cross_entropy(out.logits.flatten(0, 1), labels.flatten()) for out in (first, step)).backward()
+    want = _grads(model)
+    assert got.keys() == want.keys()
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-7)

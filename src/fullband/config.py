@@ -17,7 +17,7 @@ import yaml
 
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
-from fullband.model import FullBandConfig
+from fullband.model import PASS_LOSSES, FullBandConfig
 
 
 def _f(default: Any, help: str) -> Any:
@@ -54,7 +54,8 @@ class TrainConfig:
     pass_loss: str = _f(
         "paper",
         "which passes carry the loss: 'paper' (Eq. 12, L1 + λ·mean(L2..LK)), 'last' (LK only: with schedule "
-        "exact, the exact recurrence) or 'paper+last' (Eq. 12 + LK); the last two are not the paper's",
+        "exact, the exact recurrence), 'paper+last' (Eq. 12 + LK) or 'first+last' (L1 + LK); all but 'paper' are "
+        "beyond the paper",
     )
     last_pass_loss_from: float = _f(
         1.0,
@@ -164,7 +165,7 @@ class RunConfig:
             )
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
                    "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16"),
-                   "init_fusion": ("auto", "keep", "reset"), "pass_loss": ("paper", "last", "paper+last")}
+                   "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")

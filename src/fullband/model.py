@@ -25,6 +25,8 @@ from torch import nn
 FUSIONS = ("gate", "concat", "add")
 FEEDBACK_SOURCES = ("final_norm", "residual")
 ROPE_TYPES = ("default", "linear", "llama3")
+# Which passes carry the training loss (FullBandLM.multipass): Eq. 12 and the options beyond the paper.
+PASS_LOSSES = ("paper", "last", "paper+last", "first+last")
 CONFIG_NAME = "config.json"
 # Adaptive fused prefill (prefill(fused_passes="auto")): stop when no real prompt position's top state
 # moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
@@ -594,7 +596,7 @@ class FullBandLM(nn.Module):
         sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
         With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned (``pass_loss``
         "paper"); "last": pass K's loss alone (the other passes' losses are still reported); "paper+last":
-        Eq. 12 + pass K's loss.
+        Eq. 12 + pass K's loss; "first+last": L1 + LK (the plain pass and the last, no pass between).
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
         which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
         backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
@@ -608,8 +610,8 @@ class FullBandLM(nn.Module):
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
-        if pass_loss not in ("paper", "last", "paper+last"):
-            raise ValueError(f"pass_loss must be 'paper', 'last' or 'paper+last', got {pass_loss!r}")
+        if pass_loss not in PASS_LOSSES:
+            raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
         if grad_passes is not None and grad_passes < 1:
             raise ValueError(f"grad_passes must be None (all passes) or >= 1, got {grad_passes}")
         if backward_scale is not None and (labels is None or not detach):
@@ -654,9 +656,10 @@ class FullBandLM(nn.Module):
                 count = valid.sum().clamp_min(1)
                 pass_ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
                                           reduction="sum") / count
-                weight = 0.0 if pass_loss == "last" else (1.0 if k == 0 else later_pass_weight / (passes - 1))
-                if pass_loss != "paper" and k == passes - 1:
-                    weight += 1.0
+                paper = 1.0 if k == 0 else later_pass_weight / (passes - 1)
+                last = 1.0 if k == passes - 1 else 0.0
+                weight = {"paper": paper, "last": last, "paper+last": paper + last,
+                          "first+last": max(last, float(k == 0))}[pass_loss]
                 # A pass without weight adds no graph: its loss is reported, not backpropagated.
                 term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
                 if z_loss > 0:
