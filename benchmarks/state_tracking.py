@@ -18,6 +18,7 @@ argmax given the prompt and the previous answer tokens, i.e. greedy decoding rep
     python benchmarks/state_tracking.py                   # all tasks, seeds 0 1 2 (resumes)
     python benchmarks/state_tracking.py --quick           # tiny, for the test suite
     python benchmarks/state_tracking.py --summary-only    # tables and plot from the JSONL
+    python benchmarks/state_tracking.py --compare paper=A.jsonl last=B.jsonl   # one table across runs
 
 Results append to a JSON-lines file (one line per task, seed and model), so an interrupted run resumes
 where it stopped; the summary (mean ± sd over seeds, paired differences) is printed as markdown.
@@ -99,6 +100,23 @@ def summarise(path: Path) -> str:
     return "\n".join(lines)
 
 
+def compare(files: dict[str, Path]) -> str:
+    """Markdown: one row per task and seed, one column per labelled JSONL file (e.g. one per loss), each cell
+    the FBT's exact-recurrence accuracy at 1× / 2× / … of the training length ("–" where that run is absent)."""
+    runs: dict[tuple[str, int], dict[str, str]] = {}
+    for label, path in files.items():
+        for r in map(json.loads, path.read_text().splitlines()):
+            if r["model"] == "fbt":
+                cell = " / ".join(f"{accuracy(r['eval'][m]['exact']):.2f}" for m in r["eval"])
+                runs.setdefault((r["task"], r["seed"]), {})[label] = cell
+    order = {t: i for i, t in enumerate(STATE_TRACKING_TASKS)}
+    lines = ["| task | seed | " + " | ".join(files) + " |", "|---" * (2 + len(files)) + "|"]
+    for task, seed in sorted(runs, key=lambda k: (order.get(task_base(k[0]), len(order)), k[0], k[1])):
+        cells = [runs[task, seed].get(label, "–") for label in files]
+        lines.append(f"| {task} | {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(path: Path, out: Path) -> Path | None:
     try:
         import matplotlib
@@ -170,8 +188,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="benchmarks/results/state_tracking.jsonl")
     p.add_argument("--plot", default="docs/state_tracking.png")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--compare", nargs="+", metavar="LABEL=FILE",
+                   help="print one table of the FBT's exact accuracy per task and seed across these JSONL files, "
+                        "one column each (e.g. one file per loss), and exit")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
     args = p.parse_args(argv)
+    if args.compare:
+        pairs = [item.partition("=") for item in args.compare]
+        if any(not sep or not label for label, sep, _ in pairs):
+            p.error(f"--compare expects LABEL=FILE items, got {args.compare}")
+        missing = [file for _, _, file in pairs if not Path(file).is_file()]
+        if missing:
+            p.error(f"--compare: no such file(s): {', '.join(missing)}")
+        args.compare = {label: Path(file) for label, _, file in pairs}
     args.multiples = (1, 2, 4, 8)
     if args.quick:
         args.train_len, args.steps, args.eval_rows, args.seeds = 2, 3, 4, args.seeds[:1]
@@ -193,6 +222,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.compare:
+        print(compare(args.compare))
+        return
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     config = load_config(PRESET_DIR / f"{args.preset}.yaml", args.overrides)

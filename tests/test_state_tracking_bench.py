@@ -5,6 +5,7 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from fullband import state_tracking as core
@@ -57,6 +58,18 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
     assert "| fbt exact |" in text and "paired: fbt exact − baseline |" in text
     st.main(argv)  # everything is done: nothing is retrained
     assert len(out.read_text().splitlines()) == 3
+
+    # --compare: one row per task and seed, one column per file; "–" where a file lacks that run.
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({**fbt, "seed": 7}) + "\n")
+    capsys.readouterr()
+    st.main(["--compare", f"first={out}", f"second={other}"])
+    cell = " / ".join(f"{st.accuracy(fbt['eval'][m]['exact']):.2f}" for m in fbt["eval"])
+    assert capsys.readouterr().out.splitlines() == [
+        "| task | seed | first | second |", "|---|---|---|---|",
+        f"| parity | 0 | {cell} | – |", f"| parity | 7 | – | {cell} |"]
+    with pytest.raises(SystemExit):
+        st.main(["--compare", f"first={tmp_path / 'missing.jsonl'}"])
 
 
 def test_probe_tasks_have_the_requested_moves():
