@@ -1,7 +1,7 @@
 """Per-step settings of the feedback phase beyond the paper: the λ ramp, the fusion warm-up and the switch to
 the last pass's loss.
 
-Both are pure functions of the step (and the schedule), never of state carried between steps, so a resumed
+All three are pure functions of the step (and the schedule), never of state carried between steps, so a resumed
 run computes exactly what an uninterrupted one does."""
 
 from __future__ import annotations
