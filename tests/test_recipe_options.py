@@ -8,12 +8,14 @@ import test_train
 import torch
 import torch.nn.functional as F
 from conftest import FUSIONS, make_model, reference_decode, shift
+from safetensors.torch import load_file
 from test_generation import generate_with_logits
 from test_train import read_metrics, steps_of, tiny_config
 
 from fullband import FullBandLM
 from fullband.config import ConfigError, TrainConfig
 from fullband.train import PassSchedule, train
+from fullband.train.checkpoint import list_checkpoints
 from fullband.train.feedback import feedback_start_step, fusion_warming_up, later_pass_weight_at, pass_loss_at
 from fullband.train.optim import build_optimizers, set_lr
 
@@ -244,6 +246,22 @@ def test_last_pass_loss_from_switches_the_loss_at_its_fraction_of_the_steps(tmp_
         first, *later = row["pass_losses"]
         want = later[-1] if row["step"] > 2 else first + sum(later) / len(later)  # Eq. 12 with λ = 1
         assert row["loss"] == pytest.approx(want, rel=1e-6)
+
+
+def test_resume_across_the_loss_switch_equals_the_uninterrupted_run(tmp_path, parity_data):
+    sections = {"train": {"tokens": steps_of(4), "schedule": "fixed:3", "pass_loss": "first+last",
+                          "last_pass_loss_from": 0.5}}
+    train(tiny_config(**sections), tmp_path / "straight", data_dir=parity_data)
+    stopped = test_train.merge(sections, {"train": {"stop_after_steps": 2}})  # stops right at the switch
+    assert not train(tiny_config(**stopped), tmp_path / "split", data_dir=parity_data).finished
+    assert train(tiny_config(**sections), tmp_path / "split", data_dir=parity_data, resume=True).finished
+    a, b = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "split")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]
+    assert b[3]["loss"] == pytest.approx(b[3]["pass_losses"][-1], rel=1e-6)  # after the switch: LK alone
+    assert b[0]["loss"] == pytest.approx(b[0]["pass_losses"][0] + b[0]["pass_losses"][-1], rel=1e-6)
+    wa, wb = (load_file(str(list_checkpoints(tmp_path / run)[-1] / "model" / "model.safetensors"))
+              for run in ("straight", "split"))
+    assert all(bool((wa[k] == wb[k]).all()) for k in wa)
 
 
 def test_unknown_pass_loss_is_a_clear_error():
