@@ -42,10 +42,13 @@ from fullband.state_tracking import Recipe, accuracy, evaluate, evaluate_hold, t
 MODELS = ("fbt", "baseline", "baseline_compute")
 
 
+def load_records(path: Path) -> list[dict]:
+    """The records of a results file (one JSON object per line); none if it does not exist yet."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def done_keys(path: Path) -> set[tuple]:
-    if not path.exists():
-        return set()
-    return {(r["task"], r["seed"], r["model"]) for r in map(json.loads, path.read_text().splitlines())}
+    return {(r["task"], r["seed"], r["model"]) for r in load_records(path)}
 
 
 def mean_sd(values: list[float]) -> str:
@@ -56,7 +59,7 @@ def mean_sd(values: list[float]) -> str:
 
 def summarise(path: Path) -> str:
     """Markdown: accuracy mean ± sd over seeds per task, model/mode and length; paired differences."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = load_records(path)
     lines = []
     for task in dict.fromkeys(r["task"] for r in records):
         rows = [r for r in records if r["task"] == task]
@@ -105,7 +108,7 @@ def compare(files: dict[str, Path]) -> str:
     the FBT's exact-recurrence accuracy at 1× / 2× / … of the training length ("–" where that run is absent)."""
     runs: dict[tuple[str, int], dict[str, str]] = {}
     for label, path in files.items():
-        for r in map(json.loads, path.read_text().splitlines()):
+        for r in load_records(path):
             if r["model"] == "fbt":
                 cell = " / ".join(f"{accuracy(r['eval'][m]['exact']):.2f}" for m in r["eval"])
                 runs.setdefault((r["task"], r["seed"]), {})[label] = cell
@@ -126,7 +129,7 @@ def plot(path: Path, out: Path) -> Path | None:
     except ImportError:
         print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
         return None
-    records = [json.loads(line) for line in path.read_text().splitlines()]
+    records = load_records(path)
     tasks = [t for t in STATE_TRACKING_TASKS if any(r["task"] == t for r in records)]
     cols = min(3, len(tasks))
     rows_n = (len(tasks) + cols - 1) // cols
@@ -241,8 +244,8 @@ def main(argv: list[str] | None = None) -> None:
                         continue
                     steps = args.steps
                     if kind == "baseline_compute":
-                        fbt = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-                        fbt = [r for r in fbt if (r["task"], r["seed"], r["model"]) == (task, seed, "fbt")]
+                        fbt = [r for r in load_records(out)
+                               if (r["task"], r["seed"], r["model"]) == (task, seed, "fbt")]
                         if not fbt:
                             print(f"skip baseline_compute {task} seed {seed}: needs the fbt run first", file=sys.stderr)
                             continue

@@ -2,9 +2,8 @@
 # docs/results.md, "The paper loss first, or the plain pass and the last": the state-tracking FBT trained for
 # 2000 steps with (a) the paper's loss (Eq. 12) first and the loss on the exact-recurrence pass alone from a
 # fraction of the steps on (train.last_pass_loss_from), (b) the plain pass's and the last pass's losses
-# only (train.pass_loss=first+last), (c) (b) then the last pass alone, on the tasks and seeds where one loss
-# alone failed. Every call resumes
-# (finished task/seed/model triples are skipped):
+# only (train.pass_loss=first+last), (c) (b) then the last pass alone, first on the tasks and seeds where one
+# loss alone failed. Every call resumes (finished task/seed/model triples are skipped):
 #   nohup sh benchmarks/state_tracking_loss_switch.sh > runs/st_loss_switch.log 2>&1 &
 set -e
 D=benchmarks/results/explore

@@ -192,6 +192,18 @@ def _grads(model: FullBandLM) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _passes_by_hand(model: FullBandLM, ids: torch.Tensor, passes: int, detach: bool = False) -> list:
+    """The K passes of multipass written from model.forward: pass 1 plain, pass k fed pass k-1's top states
+    shifted by one position (detached if asked), position 0 plain."""
+    plain = torch.zeros(ids.shape, dtype=torch.bool)
+    plain[:, 0] = True
+    outs = [model(ids)]
+    for _ in range(passes - 1):
+        hidden = outs[-1].hidden
+        outs.append(model(ids, feedback=shift(hidden.detach() if detach else hidden), plain_mask=plain))
+    return outs
+
+
 @pytest.mark.parametrize("detach", [False, True])
 def test_last_pass_only_backpropagates_pass_k_alone(detach):
     """The loss is pass K's cross-entropy; the gradient is that of pass K's loss through the passes that fed
@@ -211,13 +223,7 @@ def test_last_pass_only_backpropagates_pass_k_alone(detach):
     got = _grads(model)
 
     model.zero_grad()
-    plain = torch.zeros(ids.shape, dtype=torch.bool)
-    plain[:, 0] = True
-    hidden = model(ids).hidden
-    for _ in range(K - 1):
-        feedback = shift(hidden.detach() if detach else hidden)
-        step = model(ids, feedback=feedback, plain_mask=plain)
-        hidden = step.hidden
+    step = _passes_by_hand(model, ids, K, detach)[-1]
     F.cross_entropy(step.logits.flatten(0, 1), labels.flatten(), ignore_index=-100).backward()
     want = _grads(model)
     assert got.keys() == want.keys()
@@ -299,14 +305,8 @@ def test_first_plus_last_backpropagates_the_plain_and_the_last_pass_alone():
     got = _grads(model)
 
     model.zero_grad()
-    plain = torch.zeros(ids.shape, dtype=torch.bool)
-    plain[:, 0] = True
-    first = model(ids)
-    hidden = first.hidden
-    for _ in range(K - 1):
-        step = model(ids, feedback=shift(hidden), plain_mask=plain)
-        hidden = step.hidden
-    sum(F.cross_entropy(out.logits.flatten(0, 1), labels.flatten()) for out in (first, step)).backward()
+    first, *_, last = _passes_by_hand(model, ids, K)
+    sum(F.cross_entropy(out.logits.flatten(0, 1), labels.flatten()) for out in (first, last)).backward()
     want = _grads(model)
     assert got.keys() == want.keys()
     for name, grad in want.items():

@@ -70,6 +70,7 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
         f"| parity | 0 | {cell} | – |", f"| parity | 7 | – | {cell} |"]
     with pytest.raises(SystemExit):
         st.main(["--compare", f"first={tmp_path / 'missing.jsonl'}"])
+    assert "--compare: no such file(s)" in capsys.readouterr().err
 
 
 def test_probe_tasks_have_the_requested_moves():
