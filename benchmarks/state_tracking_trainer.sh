@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The state-tracking recipe of benchmarks/state_tracking.py (length curriculum, K = the exact number of passes
-# each batch needs) run through the real trainer: `fullband train --config state-tracking` on exported parity
+# each batch needs) run through the real trainer: `fullband train --config state-tracking` on exported
 # records of 1..8 moves of a state-tracking task, then exact-match accuracy at 8 and 64 moves in standard mode
 # (one plain pass) and fused:auto (run to the exact recurrence, up to 1024 passes, no tolerance).
 #   bash benchmarks/state_tracking_trainer.sh [TASK] [SEED] [OUT_DIR]   (default parity 0 runs/st_trainer_TASK_sSEED)
 # TASK: parity, summod, flipflop, cycle, s3 or s5 (fullband.data.synthetic.STATE_TRACKING_TASKS).
-# Train data: 40,000 records, about 2 per window of 33 tokens: 600 steps x 32 windows without repeating one.
+# Train data: 130,000 records, 1-2 per window of 33 tokens: the preset's 2000 steps x 32 windows without repeating one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASK=${1:-parity}
@@ -21,7 +21,7 @@ from pathlib import Path
 from fullband.data.synthetic import export_jsonl, state_tracking_task
 
 data, task, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-export_jsonl(state_tracking_task(task, 1, 8), data / "train.jsonl", 40_000, seed=seed)
+export_jsonl(state_tracking_task(task, 1, 8), data / "train.jsonl", 130_000, seed=seed)
 for moves in (8, 64):  # the same validation rows for every seed
     export_jsonl(state_tracking_task(task, moves, moves), data / f"val{moves}.jsonl", 200, seed=10_000 + moves)
 PYTHON
