@@ -33,6 +33,7 @@ from fullband.data import ByteTokenizer
 from fullband.data.synthetic import STATE_TRACKING_TASKS, synthetic_examples
 from fullband.generation import generate
 from fullband.loading import PRESET_DIR
+from fullband.model import FullBandLM
 from fullband.state_tracking import Recipe, task_with_moves, train_model
 
 
@@ -54,20 +55,20 @@ def compare_trace(want: str, got: str, one_char_each: bool = False) -> dict:
 
 
 @torch.no_grad()
-def probe(model, task: str, moves: int, rows: int) -> dict:
+def probe(model: FullBandLM, task: str, moves: int, rows: int) -> dict:
+    """Greedy traces of `rows` held-out prompts of `moves` moves, compared with the true states."""
     tok = ByteTokenizer()
     examples = synthetic_examples(task_with_moves(task, moves), rows, 10_000 + moves)
     prompts = [[tok.bos_id, *tok.encode(ex.prompt)] for ex in examples]
     longest = max(len(tok.encode(ex.answer)) for ex in examples)
-    new = generate(model, prompts, max_new_tokens=longest + 4)
+    texts = [tok.decode([t for t in row.tolist() if t < 256])  # bytes only
+             for row in generate(model, prompts, max_new_tokens=longest + 4)]
     per_char = task.startswith("parity")
-    per_row = [compare_trace(ex.answer, tok.decode([t for t in row.tolist() if t < 256]), per_char)
-               for ex, row in zip(examples, new)]
+    per_row = [compare_trace(ex.answer, text, per_char) for ex, text in zip(examples, texts)]
     return {"states_right": sum(r["right"] for r in per_row) / sum(r["states"] for r in per_row),
             "median_first_wrong": statistics.median(r["first_wrong"] for r in per_row),
             "length_right": sum(r["length_right"] for r in per_row) / len(per_row),
-            "example": {"answer": examples[0].answer, "generated": tok.decode(
-                [t for t in new[0].tolist() if t < 256]).split("\n")[0]}}
+            "example": {"answer": examples[0].answer, "generated": texts[0].split("\n")[0]}}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
