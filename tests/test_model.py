@@ -42,9 +42,11 @@ def ref_rope(cfg: FullBandConfig, T: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ref_fusion(sd, cfg, e, h):
     eps = cfg.norm_eps
-    if cfg.fusion == "gate":
-        gate = torch.sigmoid(ref_rmsnorm(e, sd["fusion.embed_norm.weight"], eps) @ sd["fusion.gate_proj.weight"].T)
-        return ref_rmsnorm((h @ sd["fusion.value_proj.weight"].T) * gate, sd["fusion.out_norm.weight"], eps)
+    if cfg.fusion in ("gate", "gate_token"):
+        token = ref_rmsnorm(e, sd["fusion.embed_norm.weight"], eps)
+        gate = torch.sigmoid(token @ sd["fusion.gate_proj.weight"].T)
+        fused = ref_rmsnorm((h @ sd["fusion.value_proj.weight"].T) * gate, sd["fusion.out_norm.weight"], eps)
+        return fused + token if cfg.fusion == "gate_token" else fused
     if cfg.fusion == "concat":
         return ref_rmsnorm(torch.cat([e, h], -1) @ sd["fusion.proj.weight"].T, sd["fusion.out_norm.weight"], eps)
     return e + h @ sd["fusion.proj.weight"].T
@@ -515,6 +517,7 @@ def test_per_row_generators_make_rows_independent_of_batching():
         (dict(n_heads=4, n_kv_heads=3), "n_heads"),
         (dict(fusion="mul"), "fusion"),
         (dict(feedback_source="top"), "feedback_source"),
+        (dict(gate_init_std=0.0), "gate_init_std"),
     ],
 )
 def test_config_errors_name_the_field(overrides, field):

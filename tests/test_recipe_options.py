@@ -1,5 +1,6 @@
 """The training-recipe options beyond the paper (docs/method.md, "options beyond the paper"): model.embed_norm,
-train.later_pass_weight_ramp, train.fusion_lr_multiplier and train.fusion_warmup_steps."""
+model.gate_init_std, the gate_token fusion, train.later_pass_weight_ramp, train.fusion_lr_multiplier,
+train.fusion_warmup_steps and train.pass_loss."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import test_train
 import torch
 import torch.nn.functional as F
 from conftest import FUSIONS, make_model, reference_decode, shift
+from conftest import tiny_config as tiny_model_config
 from safetensors.torch import load_file
 from test_generation import generate_with_logits
 from test_train import read_metrics, steps_of, tiny_config
@@ -38,6 +40,42 @@ def _stack_input(model: FullBandLM, **kwargs) -> torch.Tensor:
     return seen[0]
 
 
+# ---- model.gate_init_std, fusion gate_token -------------------------------------------------------
+
+
+@pytest.mark.parametrize("fusion", ["gate", "gate_token"])
+def test_gate_init_std_scales_w_g_alone_and_leaves_every_other_draw_unchanged(fusion):
+    def build(**overrides):
+        torch.manual_seed(0)
+        return FullBandLM(tiny_model_config(fusion=fusion, init_std=0.02, **overrides))
+
+    plain, wide = build(), build(gate_init_std=0.5)
+    for (name, a), (_, b) in zip(plain.named_parameters(), wide.named_parameters(), strict=True):
+        if name == "fusion.gate_proj.weight":
+            torch.testing.assert_close(b, a * 25, rtol=1e-6, atol=0)  # the same draws, 0.5 / 0.02 times larger
+        else:
+            assert torch.equal(a, b), name
+    # Mid-training re-initialises the fusion with the same std.
+    torch.manual_seed(1)
+    wide.reset_fusion_parameters()
+    assert 0.4 < wide.fusion.gate_proj.weight.std().item() < 0.6
+    assert 0.01 < wide.fusion.value_proj.weight.std().item() < 0.03
+
+
+def test_gate_token_adds_the_normalised_embedding_to_the_gated_state():
+    gate, gate_token = make_model(fusion="gate"), make_model(fusion="gate_token")
+    gate_token.load_state_dict(gate.state_dict())  # the two fusions have the same weights
+    ids = torch.randint(0, 64, (2, 7))
+    feedback = torch.randn(2, 7, 32)
+    plain = torch.zeros(2, 7, dtype=torch.bool)
+    token = gate.fusion.embed_norm(gate.embed(ids))
+    got = _stack_input(gate_token, input_ids=ids, feedback=feedback, plain_mask=plain)
+    torch.testing.assert_close(got, _stack_input(gate, input_ids=ids, feedback=feedback, plain_mask=plain) + token)
+    # The token reaches the stack even when the fed-back state carries nothing.
+    zero = _stack_input(gate_token, input_ids=ids, feedback=torch.zeros(2, 7, 32), plain_mask=plain)
+    torch.testing.assert_close(zero, token)
+
+
 # ---- model.embed_norm ----------------------------------------------------------------------------
 
 
@@ -65,7 +103,7 @@ def test_embed_norm_gives_plain_inputs_unit_rms_and_feeds_the_normalised_embeddi
         expected = on.fusion(e_normed, feedback)
         raw = on.fusion(e, feedback)
     torch.testing.assert_close(x[~plain], expected[~plain], atol=1e-9, rtol=0)
-    if fusion != "gate":  # the gate normalises e itself, so raw and normalised agree there
+    if fusion not in ("gate", "gate_token"):  # gate fusions normalise e themselves: raw and normalised agree
         assert (x[~plain] - raw[~plain]).abs().max() > 1e-3
 
 

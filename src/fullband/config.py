@@ -373,10 +373,12 @@ MODEL_HELP = {
     "sliding_window": "sliding attention window in tokens; None = full attention everywhere",
     "full_attention_every": "with a window: every n-th layer keeps full attention (0 = none)",
     "tie_embeddings": "tie input and output embeddings (the paper's stability recipe)",
-    "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), concat or add",
+    "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), gate_token (the gate plus the "
+              "normalised embedding), concat or add",
     "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
+    "gate_init_std": "standard deviation of W_G's initialisation (gate fusions); None = init_std",
     "embed_norm": "parameter-free RMSNorm of the token embedding, so plain inputs have unit RMS like fused ones "
                   "(not in the paper)",
 }

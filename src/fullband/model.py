@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FUSIONS = ("gate", "concat", "add")
+FUSIONS = ("gate", "gate_token", "concat", "add")
 FEEDBACK_SOURCES = ("final_norm", "residual")
 ROPE_TYPES = ("default", "linear", "llama3")
 # Which passes carry the training loss (FullBandLM.multipass): Eq. 12 and the options beyond the paper.
@@ -58,6 +58,9 @@ class FullBandConfig:
     feedback_source: str = "final_norm"
     feedback_jitter: float = 0.02
     init_std: float = 0.02
+    # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, too
+    # little for a recurrence trained on its exact pass alone to learn to carry a token forward.
+    gate_init_std: float | None = None
     embed_norm: bool = False  # parameter-free RMSNorm of the token embedding (not in the paper)
 
     def __post_init__(self) -> None:
@@ -86,6 +89,8 @@ class FullBandConfig:
             self._fail("feedback_source", f"allowed values: {', '.join(FEEDBACK_SOURCES)}")
         if self.feedback_jitter < 0:
             self._fail("feedback_jitter", "must be >= 0")
+        if self.gate_init_std is not None and self.gate_init_std <= 0:
+            self._fail("gate_init_std", "must be None (init_std) or > 0")
         if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
             raise ValueError("FullBandConfig: norm_eps, rope_theta and init_std must be > 0")
         if self.sliding_window is not None and self.sliding_window < 1:
@@ -248,18 +253,29 @@ class Block(nn.Module):
 # The latent feedback: fusing the previous top state h with the token embedding e (docs/method.md §3)
 
 
+def init_std_of(module: nn.Module, config: FullBandConfig) -> float:
+    """The std a linear or embedding weight is initialised with: config.init_std, or the module's own
+    (W_G with config.gate_init_std). The draws are the same whatever the std, so the rest of the init
+    does not change with it."""
+    own = getattr(module, "init_std", None)
+    return config.init_std if own is None else own
+
+
 class Fusion(nn.Module):
     """e ⊗ h. ``gate`` (paper Eq. 4): RMSNorm((W_U h) ⊙ sigmoid(W_G RMSNorm(e))); the state is the value
-    and the token only gates it, so the model cannot ignore the state. Ablations: ``concat``
-    RMSNorm(W [e; h]) and ``add`` e + W h."""
+    and the token only gates it, so the model cannot ignore the state. ``gate_token`` (not in the paper):
+    that gated state plus the token's own RMSNorm(e), so the token also reaches the residual stream
+    directly; without it, copying a token's identity forward has to be learnt through the gate alone.
+    Ablations: ``concat`` RMSNorm(W [e; h]) and ``add`` e + W h."""
 
     def __init__(self, config: FullBandConfig):
         super().__init__()
         self.kind = config.fusion
         d, eps = config.d_model, config.norm_eps
-        if self.kind == "gate":
+        if self.kind in ("gate", "gate_token"):
             self.value_proj = nn.Linear(d, d, bias=False)  # W_U
             self.gate_proj = nn.Linear(d, d, bias=False)  # W_G
+            self.gate_proj.init_std = config.gate_init_std  # read by init_std_of
             self.embed_norm = RMSNorm(d, eps)
             self.out_norm = RMSNorm(d, eps)
         elif self.kind == "concat":
@@ -269,8 +285,10 @@ class Fusion(nn.Module):
             self.proj = nn.Linear(d, d, bias=False)
 
     def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        if self.kind == "gate":
-            return self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(self.embed_norm(e))))
+        if self.kind in ("gate", "gate_token"):
+            token = self.embed_norm(e)
+            fused = self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(token)))
+            return fused + token if self.kind == "gate_token" else fused
         if self.kind == "concat":
             return self.out_norm(self.proj(torch.cat([e, h], dim=-1)))
         return e + self.proj(h)
@@ -369,10 +387,9 @@ class FullBandLM(nn.Module):
         self._init_modules(self.fusion.modules())
 
     def _init_modules(self, modules: Iterable[nn.Module]) -> None:
-        std = self.config.init_std
         for module in modules:
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
+                nn.init.normal_(module.weight, mean=0.0, std=init_std_of(module, self.config))
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):

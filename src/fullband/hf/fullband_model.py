@@ -11,9 +11,10 @@ from fullband.model import (
     FullBandLM,
     KVCache,
     RMSNorm,
+    init_std_of,
     rope_inv_freq,
     shift_right,
 )
 
 __all__ = ["DEFAULT_FUSED_MAX_PASSES", "DEFAULT_FUSED_TOL", "FullBandConfig", "FullBandLM", "KVCache", "RMSNorm",
-           "rope_inv_freq", "shift_right"]
+           "init_std_of", "rope_inv_freq", "shift_right"]

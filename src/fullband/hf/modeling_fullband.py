@@ -37,6 +37,7 @@ from .fullband_model import (
     FullBandLM,
     KVCache,
     RMSNorm,
+    init_std_of,
     rope_inv_freq,
 )
 
@@ -200,9 +201,9 @@ class FullBandPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        std = FullBandConfig.from_dict(self.config.fullband or {}).init_std
+        config = FullBandConfig.from_dict(self.config.fullband or {})
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            _init.normal_(module.weight, mean=0.0, std=std)
+            _init.normal_(module.weight, mean=0.0, std=init_std_of(module, config))
             if getattr(module, "bias", None) is not None:
                 _init.zeros_(module.bias)
         elif isinstance(module, RMSNorm):
