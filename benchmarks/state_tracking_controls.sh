@@ -3,10 +3,14 @@
 # Resumable (finished task/seed/model triples are skipped; a finished trainer run is skipped):
 #   nohup sh benchmarks/state_tracking_controls.sh > runs/st_controls.log 2>&1 &
 set -e
+# The preset's settings when these runs were made (before "A wider gate at init", docs/results.md):
+# the paper loss (Eq. 12) and W_G initialised like every other matrix.
+EARLIER="--set train.pass_loss=paper --set model.gate_init_std=none"
 D=benchmarks/results/explore
-st() { python benchmarks/state_tracking.py --threads 1 --plot "" --steps 2000 "$@"; }
-trainer() {  # the `state-tracking` preset through `fullband train` / `fullband bench` (2000 steps)
-    [ -f "runs/st_trainer_$1_s$2/bench64/results.json" ] || OMP_NUM_THREADS=1 bash benchmarks/state_tracking_trainer.sh "$1" "$2"
+st() { python benchmarks/state_tracking.py --threads 1 $EARLIER --plot "" --steps 2000 "$@"; }
+trainer() {  # the `state-tracking` preset (its settings then) through `fullband train` / `fullband bench`
+    [ -f "runs/st_trainer_$1_s$2/bench64/results.json" ] || OMP_NUM_THREADS=1 bash benchmarks/state_tracking_trainer.sh \
+        "$1" "$2" "runs/st_trainer_$1_s$2" --train.pass_loss paper --model.gate_init_std none
 }
 # (a) The written-trace control: the answer lists the state after every move, then `=> final`; graded on the
 #     whole answer (greedy decoding reproduces it). The standard transformer only (full attention).

@@ -6,8 +6,11 @@
 # loss alone failed. Every call resumes (finished task/seed/model triples are skipped):
 #   nohup sh benchmarks/state_tracking_loss_switch.sh > runs/st_loss_switch.log 2>&1 &
 set -e
+# The preset's settings when these runs were made (before "A wider gate at init", docs/results.md):
+# the paper loss (Eq. 12) and W_G initialised like every other matrix.
+EARLIER="--set train.pass_loss=paper --set model.gate_init_std=none"
 D=benchmarks/results/explore
-st() { python benchmarks/state_tracking.py --threads 1 --plot "" --models fbt --steps 2000 "$@"; }
+st() { python benchmarks/state_tracking.py --threads 1 $EARLIER --plot "" --models fbt --steps 2000 "$@"; }
 switch() { F=$1; shift; st --set train.last_pass_loss_from=$F --out $D/loss_switch_$F.jsonl "$@"; }
 switch 0.5 --tasks cycle,parity,s5 --seeds 0
 switch 0.15 --tasks cycle,parity,s5 --seeds 0

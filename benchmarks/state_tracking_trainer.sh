@@ -3,7 +3,9 @@
 # each batch needs) run through the real trainer: `fullband train --config state-tracking` on exported
 # records of 1..8 moves of a state-tracking task, then exact-match accuracy at 8 and 64 moves in standard mode
 # (one plain pass) and fused:auto (run to the exact recurrence, up to 1024 passes, no tolerance).
-#   bash benchmarks/state_tracking_trainer.sh [TASK] [SEED] [OUT_DIR]   (default parity 0 runs/st_trainer_TASK_sSEED)
+#   bash benchmarks/state_tracking_trainer.sh [TASK] [SEED] [OUT_DIR] [TRAIN OPTIONS...]
+# (default parity 0 runs/st_trainer_TASK_sSEED; further arguments go to `fullband train`, e.g. the preset's
+# earlier settings: --train.pass_loss paper --model.gate_init_std none)
 # TASK: parity, summod, flipflop, cycle, s3 or s5 (fullband.data.synthetic.STATE_TRACKING_TASKS).
 # Train data: 130,000 records, 1-2 per window of 33 tokens: the preset's 2000 steps x 32 windows without repeating one.
 set -euo pipefail
@@ -11,6 +13,7 @@ cd "$(dirname "$0")/.."
 TASK=${1:-parity}
 SEED=${2:-0}
 OUT=${3:-runs/st_trainer_${TASK}_s$SEED}
+shift $(( $# < 3 ? $# : 3 ))
 DATA=$OUT.data
 PY=${PYTHON:-.venv/bin/python}
 mkdir -p "$DATA"
@@ -27,7 +30,7 @@ for moves in (8, 64):  # the same validation rows for every seed
 PYTHON
 start=$(date +%s)
 "$PY" -m fullband train --config state-tracking --data.source "$DATA/train.jsonl" --out-dir "$OUT" \
-    --train.seed "$SEED" --train.progress false --train.log_every 50
+    --train.seed "$SEED" --train.progress false --train.log_every 50 "$@"
 echo "train: $(( $(date +%s) - start )) s"
 for moves in 8 64; do
     start=$(date +%s)
