@@ -58,8 +58,8 @@ class FullBandConfig:
     feedback_source: str = "final_norm"
     feedback_jitter: float = 0.02
     init_std: float = 0.02
-    # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, too
-    # little for a recurrence trained on its exact pass alone to learn to carry a token forward.
+    # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, and
+    # a recurrence trained on its exact pass alone then sits at chance for long (docs/results.md).
     gate_init_std: float | None = None
     embed_norm: bool = False  # parameter-free RMSNorm of the token embedding (not in the paper)
 
