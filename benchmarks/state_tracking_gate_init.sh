@@ -23,6 +23,10 @@ run --set model.gate_init_std=none --out $D/last_pass_2000_rerun.jsonl --models 
 # The first fix tried: the token added to the gated state (fusion gate_token), default W_G init.
 run --set model.fusion=gate_token --set model.gate_init_std=none --out $D/last_gate_token_2000.jsonl --models fbt --tasks parity,summod,cycle --seeds 0
 run --set model.fusion=gate_token --set model.gate_init_std=none --out $D/last_gate_token_2000.jsonl --models fbt --tasks summod,cycle --seeds 1
+# The additive fusions with a normalised embedding (concat and add reach the stack with e itself), last-pass loss.
+run --set model.fusion=concat --set model.embed_norm=true --out $D/last_concat_norm_2000.jsonl --models fbt --tasks parity,summod,cycle --seeds 0
+run --set model.fusion=concat --set model.embed_norm=true --out $D/last_concat_norm_2000.jsonl --models fbt --tasks parity --seeds 1
+run --set model.fusion=add --set model.embed_norm=true --out $D/last_add_norm_2000.jsonl --models fbt --tasks parity --seeds 0
 # Sum mod 5 seed 2, not learnt in 2000 steps: the same recipe for 4000.
 run --steps 4000 --models fbt --tasks summod --seeds 2 --set model.gate_init_std=0.2 --out $D/last_gate_init0.2_4000.jsonl
 $PY benchmarks/state_tracking.py --summary-only --out $D/last_gate_init0.2_2000.jsonl --plot docs/state_tracking_gate_init.png

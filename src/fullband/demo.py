@@ -71,11 +71,14 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict:
 
 def run_state_tracking(out_dir: Path, quick: bool = False) -> dict:
     """Final-answer parity (`parity 1101001 :` -> ` 0`): an FBT trained with the exact recurrence over
-    the prompt (preset `state-tracking`) and a standard transformer, on the same batches of 1..8 bits;
-    exact-match accuracy at 8 bits and at 64 bits (200 held-out prompts each)."""
+    the prompt (the `state-tracking` preset's model, with the paper's loss) and a standard transformer, on
+    the same batches of 1..8 bits; exact-match accuracy at 8 bits and at 64 bits (200 held-out prompts each)."""
     started = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = load_config(PRESET_DIR / "state-tracking.yaml")
+    # The preset's own loss (the exact pass alone) needs its 2000 steps; in the demo's 600, parity is learnt
+    # with the paper's loss (Eq. 12) and W_G at the default init (docs/results.md, state tracking, 3 seeds).
+    earlier = {"train.pass_loss": "paper", "model.gate_init_std": "none"}
+    config = load_config(PRESET_DIR / "state-tracking.yaml", earlier)
     recipe = Recipe(multiples=(1, 8)) if not quick else Recipe(train_len=2, steps=3, eval_rows=4, multiples=(1, 8))
     print(f"\n== state tracking: final-answer parity, trained on 1..{recipe.train_len} bits "
           f"({recipe.steps} steps of {recipe.batch_size} prompts)", file=sys.stderr)
