@@ -77,8 +77,8 @@ def run_state_tracking(out_dir: Path, quick: bool = False) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     # The preset's own loss (the exact pass alone) needs its 2000 steps; in the demo's 600, parity is learnt
     # with the paper's loss (Eq. 12) and W_G at the default init (docs/results.md, state tracking, 3 seeds).
-    earlier = {"train.pass_loss": "paper", "model.gate_init_std": "none"}
-    config = load_config(PRESET_DIR / "state-tracking.yaml", earlier)
+    paper_loss = {"train.pass_loss": "paper", "model.gate_init_std": "none"}
+    config = load_config(PRESET_DIR / "state-tracking.yaml", paper_loss)
     recipe = Recipe(multiples=(1, 8)) if not quick else Recipe(train_len=2, steps=3, eval_rows=4, multiples=(1, 8))
     print(f"\n== state tracking: final-answer parity, trained on 1..{recipe.train_len} bits "
           f"({recipe.steps} steps of {recipe.batch_size} prompts)", file=sys.stderr)

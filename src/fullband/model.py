@@ -264,8 +264,8 @@ def init_std_of(module: nn.Module, config: FullBandConfig) -> float:
 class Fusion(nn.Module):
     """e ⊗ h. ``gate`` (paper Eq. 4): RMSNorm((W_U h) ⊙ sigmoid(W_G RMSNorm(e))); the state is the value
     and the token only gates it, so the model cannot ignore the state. ``gate_token`` (not in the paper):
-    that gated state plus the token's own RMSNorm(e), so the token also reaches the residual stream
-    directly; without it, copying a token's identity forward has to be learnt through the gate alone.
+    that gated state plus the token's own RMSNorm(e), an additive path that lets the token reach the
+    stack without going through the gate.
     Ablations: ``concat`` RMSNorm(W [e; h]) and ``add`` e + W h."""
 
     def __init__(self, config: FullBandConfig):
