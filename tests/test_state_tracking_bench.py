@@ -16,6 +16,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "state_tracking.py
 spec = importlib.util.spec_from_file_location("state_tracking", SCRIPT)
 st = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(st)
+DRIFT = Path(__file__).resolve().parents[1] / "benchmarks" / "state_drift.py"
+spec = importlib.util.spec_from_file_location("state_drift", DRIFT)
+drift = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(drift)
 
 
 def test_labels_cover_the_answer_and_grading_is_exact():
@@ -46,9 +50,17 @@ def test_curriculum_grows_from_2_to_L_over_the_given_fraction():
 
 def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_thread):
     out = tmp_path / "st.jsonl"
-    argv = ["--quick", "--threads", "1", "--tasks", "parity", "--out", str(out), "--plot", str(tmp_path / "st.png")]
+    models = tmp_path / "models"
+    argv = ["--quick", "--threads", "1", "--tasks", "parity", "--out", str(out), "--plot", str(tmp_path / "st.png"),
+            "--save-models", str(models)]
     st.main(argv)
     records = [json.loads(line) for line in out.read_text().splitlines()]
+    # The kept weights are the model that was graded: reloaded, it answers the same rows the same way.
+    saved = sorted(p.name for p in (models / "st").iterdir())
+    assert saved == ["parity_s0_baseline.pt", "parity_s0_baseline_compute.pt", "parity_s0_fbt.pt"]
+    recipe = core.Recipe(train_len=2, eval_rows=4, multiples=(1, 2))
+    assert core.evaluate(drift.load_saved(models / "st" / "parity_s0_fbt.pt"), "parity", recipe,
+                         ("exact", "plain")) == records[0]["eval"]
     assert [r["model"] for r in records] == ["fbt", "baseline", "baseline_compute"]
     fbt, base, compute = records
     assert set(fbt["eval"]["1"]) == {"exact", "plain"} and set(base["eval"]["1"]) == {"plain"}
@@ -131,3 +143,35 @@ def test_task_variants_pass_their_options():
     assert core.task_base("cycle:size=3") == "cycle" and core.task_base("s5") == "s5"
     args = st.parse_args(["--tasks", "cycle:size=3,parity", "--summary-only"])
     assert args.tasks == "cycle:size=3,parity"
+
+
+def test_codebook_curves_separate_a_state_on_its_codebook_from_one_that_drifts():
+    torch.manual_seed(0)
+    codebook = torch.randn(6, 16, dtype=torch.float64) * 10
+    y = torch.randint(0, 5, (40, 12))  # class 5 first appears after the training length
+    y[0, 8:] = 5
+    h = codebook[y].clone()
+    noise = torch.randn(40, 12, 16, dtype=torch.float64)
+    h[:, 4:] += noise[:, 4:] * 5 * torch.arange(1, 9, dtype=torch.float64)[None, :, None]  # grows after move 4
+    curves = drift.codebook_curves(h, y, train_len=4)
+    assert curves["states_with_centroid"] == 5
+    assert curves["decode"][:4] == [1.0] * 4 and curves["drift"][:4] == [0.0] * 4
+    assert curves["known"][8] == 39 / 40  # row 0's unseen class is left out from move 9 on
+    later = curves["drift"][4:]
+    assert all(b > a for a, b in zip(later, later[1:]))  # the drift grows with the noise
+    assert curves["decode"][-1] < curves["decode"][4]
+
+
+def test_drift_benchmark_quick_reads_saved_models(tmp_path, capsys, single_thread):
+    st.main(["--quick", "--threads", "1", "--tasks", "s3", "--models", "fbt", "--out", str(tmp_path / "st.jsonl"),
+             "--plot", "", "--save-models", str(tmp_path / "models")])
+    out = tmp_path / "drift.jsonl"
+    drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
+                "--train-len", "2", "--out", str(out), "--plot", str(tmp_path / "drift.png")])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["moves"] == 4 and len(record["decode"]) == 4 and (tmp_path / "drift.png").stat().st_size > 0
+    assert "| drift |" in capsys.readouterr().out
+    (tmp_path / "models" / "st" / "s3_s0_fbt.pt").write_bytes(b"half a file")
+    with pytest.raises(SystemExit, match="not a model saved"):
+        drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
+                    "--train-len", "2", "--out", str(out), "--plot", ""])

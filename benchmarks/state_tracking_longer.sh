@@ -1,0 +1,15 @@
+#!/bin/sh
+# docs/results.md, "Where the preset stops: a longer budget": the `state-tracking` preset's settings
+# (train.pass_loss=last, model.gate_init_std=0.2) for 4000 steps instead of 2000, on the two places the
+# 2000-step runs fell short of the goal: sum mod 5 seed 2 (not learnt) and S5 (drifts beyond 2×).
+# Every call resumes (finished task/seed/model triples are skipped):
+#   nohup sh benchmarks/state_tracking_longer.sh > runs/st_longer.log 2>&1 &
+set -e
+D=benchmarks/results/explore
+PY=${PYTHON:-python}
+run() { $PY benchmarks/state_tracking.py --threads 1 --plot "" --set train.pass_loss=last --set model.gate_init_std=0.2 "$@"; }
+run --steps 4000 --models fbt --tasks summod --seeds 2 --out $D/last_gate_init0.2_4000.jsonl
+run --steps 4000 --models fbt --tasks s5 --seeds 0 1 2 --out $D/last_gate_init0.2_4000.jsonl
+# S3 at 2000 steps again, its weights kept (benchmarks/state_drift.py compares the states of a group the
+# recurrence holds with those of S5); the accuracies must equal those of last_gate_init0.2_2000.jsonl.
+run --steps 2000 --models fbt --tasks s3 --seeds 0 1 2 --out $D/last_gate_init0.2_2000_saved.jsonl
