@@ -1,17 +1,18 @@
-"""Why does the exact recurrence stop on S5? The states it carries, move by move, against the codebook it
-learnt within the training length.
+"""Why does the exact recurrence stop on S5? The states it carries, move by move, against those it
+visits within the training length.
 
-For a model trained on 1..L moves (weights kept by benchmarks/state_tracking.py) and held-out prompts of
-8·L moves (the rows of its 8× column), the top-layer state fed back after each move j is compared with the
-centroids of the states after moves 1..L, one centroid per true task state (e.g. each of S5's 120
-permutations). Per move j:
+For a model trained on 1..L moves (weights kept by benchmarks/state_tracking.py) and the held-out prompts
+of its 8× column (8·L moves), the top-layer state fed back after each move j (the exact recurrence) is
+compared with the states after moves 1..L of `--fit-rows` other prompts. Per move j:
 
-  decode     the nearest centroid is the true state's (the state is still readable with the codebook
-             of the training lengths; needs no probe training beyond averaging)
-  drift      distance from the true state's centroid, over the median distance between centroids
-             (0 = on the codebook; ~0.5 = half-way to another state)
-  drift|ok   the same, over the rows still decoded right at j: does the state wander gradually (grows
-             while decoding still succeeds) or jump between codebook points (stays flat until it fails)?
+  answer      exact-match accuracy of the answer after the first j moves (` :` appended there): the
+              accuracy-against-length curve at every length, not only at L, 2L, 4L, 8L
+  probe       a linear probe fitted on the training-length states reads the true task state (e.g. which
+              of S5's 120 permutations) from the state: is the state still written in the same code?
+  novelty     distance to the nearest training-length state, over the median such distance among the
+              training-length states themselves: ~1 inside the region training visits, larger outside
+  novelty_ok  the same over the rows the probe still reads right: do states wander out of the trained
+              region while still right (a drift), or stay inside it until they are wrong (a jump)?
 
     python benchmarks/state_drift.py --runs runs/state_tracking_models/last_gate_init0.2_4000 --tasks s5
     python benchmarks/state_drift.py --runs DIR1 DIR2 --tasks s5,s3 --plot docs/state_drift.png
@@ -31,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from fullband.data import ByteTokenizer
-from fullband.data.synthetic import synthetic_examples
+from fullband.data import ByteTokenizer, Example
+from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.state_tracking import answer_correct, encode_batch, task_with_moves
@@ -49,54 +50,108 @@ def load_saved(path: Path) -> FullBandLM:
     return model.eval()
 
 
-def codebook_curves(h: torch.Tensor, y: torch.Tensor, train_len: int) -> dict:
-    """Per-move decode / drift / drift_ok / known (module docstring) of states h (B, moves, D) whose true
-    task states are y (B, moves, class ids), against the centroids of moves 1..train_len. A class never
-    reached within train_len moves has no centroid; its rows are left out of that move's figures."""
-    ref_h, ref_y = h[:, :train_len].reshape(-1, h.shape[-1]), y[:, :train_len].reshape(-1)
-    classes = int(y.max()) + 1
-    seen = torch.zeros(classes, dtype=torch.bool)
-    seen[ref_y] = True
-    centroids = torch.zeros(classes, h.shape[-1], dtype=h.dtype)
-    centroids.index_add_(0, ref_y, ref_h)
-    centroids[seen] /= torch.bincount(ref_y, minlength=classes)[seen, None].to(h.dtype)
-    gaps = torch.cdist(centroids[seen], centroids[seen])
-    scale = gaps[~torch.eye(int(seen.sum()), dtype=torch.bool)].median()
-    known = seen[y]
-    dist = torch.cdist(h.reshape(-1, h.shape[-1]), centroids[seen]).reshape(*y.shape, -1)
-    decoded = seen.nonzero().squeeze(1)[dist.argmin(-1)]
-    to_true = (h - centroids[y]).norm(dim=-1) / scale
-    ok = (decoded == y) & known
-    curve = {"decode": [], "drift": [], "drift_ok": [], "known": []}
-    for j in range(y.shape[1]):
-        k = known[:, j]
-        curve["known"].append(round(k.double().mean().item(), 4))
-        curve["decode"].append(round(ok[:, j][k].double().mean().item(), 4) if k.any() else None)
-        curve["drift"].append(round(to_true[:, j][k].mean().item(), 4) if k.any() else None)
-        curve["drift_ok"].append(round(to_true[:, j][ok[:, j]].mean().item(), 4) if ok[:, j].any() else None)
-    return {"states_with_centroid": int(seen.sum()), "centroid_gap_median": round(scale.item(), 4), **curve}
+def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Example]
+                       ) -> tuple[torch.Tensor, list[list[str]], torch.Tensor]:
+    """The top-layer state fed back after each move (B, moves, D; float64) under the exact recurrence, the
+    true task state after each move, and whether each full prompt is answered right."""
+    ids, labels = encode_batch(examples, ByteTokenizer())
+    logits, hidden = sequential_forward(model, ids)
+    # targets: (prompt character index, state after that move); token = character + 1 (the bos).
+    targets = [task.targets(ex) for ex in examples]
+    pos = torch.tensor([[i + 1 for i, _ in t] for t in targets])
+    h = hidden.double().gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))
+    return h, [[state for _, state in t] for t in targets], answer_correct(logits, labels)
+
+
+def fit_probe(h: torch.Tensor, y: torch.Tensor, classes: int, steps: int = 300) -> torch.nn.Module:
+    """A linear probe (standardised inputs, softmax over the task states) fitted by full-batch L-BFGS."""
+    mean, std = h.mean(0), h.std(0) + 1e-6
+    linear = torch.nn.Linear(h.shape[1], classes, dtype=h.dtype)
+    opt = torch.optim.LBFGS(linear.parameters(), max_iter=steps, line_search_fn="strong_wolfe")
+    x = (h - mean) / std
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(linear(x), y) + 1e-4 * linear.weight.square().sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    probe = torch.nn.Sequential(Standardise(mean, std), linear).eval()
+    return probe.requires_grad_(False)
+
+
+class Standardise(torch.nn.Module):
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.mean, self.std = mean, std
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def novelty(h: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Distance from each state to its nearest reference state, over the median of the same distance
+    among the distinct reference states themselves (leave-one-out): ~1 inside the region the training
+    lengths visit, larger the further a state has moved out of it. (Prompts that share their first moves
+    share those states exactly, hence the distinct ones.)"""
+    reference = torch.unique(reference, dim=0)
+    inside = torch.cdist(reference, reference)
+    inside.fill_diagonal_(float("inf"))
+    scale = inside.min(1).values.median()
+    return torch.cdist(h, reference).min(1).values / scale
+
+
+def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y: torch.Tensor,
+                    classes: int) -> dict[str, list[float | None]]:
+    """Per move j of the test states h (B, moves, D) with true states y (B, moves): the accuracy of a
+    linear probe fitted on the training-length states (fit_h, fit_y) and the novelty of the states, over
+    every row and over the rows the probe still reads right."""
+    probe = fit_probe(fit_h, fit_y, classes)
+    curve: dict[str, list[float | None]] = {"probe": [], "novelty": [], "novelty_ok": []}
+    fit_h = torch.unique(fit_h, dim=0)  # the reference of `novelty`, made distinct once
+    for j in range(h.shape[1]):
+        right = probe(h[:, j]).argmax(-1) == y[:, j]
+        far = novelty(h[:, j], fit_h)
+        curve["probe"].append(round(right.double().mean().item(), 4))
+        curve["novelty"].append(round(far.mean().item(), 3))
+        curve["novelty_ok"].append(round(far[right].mean().item(), 3) if right.any() else None)
+    return curve
 
 
 @torch.no_grad()
-def drift_curves(model: FullBandLM, task: str, train_len: int, multiple: int, rows: int) -> dict:
-    """The per-move curves (module docstring) on the rows of the benchmark's `multiple`× column."""
-    moves = multiple * train_len
-    task_obj = task_with_moves(task, moves)
-    examples = synthetic_examples(task_obj, rows, 10_000 + multiple)  # = state_tracking.evaluate's rows
-    ids, labels = encode_batch(examples, ByteTokenizer())
-    logits, hidden = sequential_forward(model, ids)
-    answer = answer_correct(logits, labels)
-    # targets: (prompt character index, state after that move); token = character + 1 (the bos).
-    targets = [task_obj.targets(ex) for ex in examples]
-    pos = torch.tensor([[i + 1 for i, _ in t] for t in targets])  # (B, moves)
-    states = [[s for _, s in t] for t in targets]
-    h = hidden.double().gather(1, pos[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, moves, D)
-    names = sorted({s for row in states for s in row})
+def answer_curve(model: FullBandLM, task: SyntheticTask, examples: list[Example]) -> list[float]:
+    """Exact-match accuracy of the final answer after the first j moves of each prompt, j = 1..moves."""
+    name = examples[0].prompt.split(" ", 1)[0]
+    moves = [ex.prompt.split(" ", 1)[1].removesuffix(" :") for ex in examples]
+    states = [[state for _, state in task.targets(ex)] for ex in examples]
+    if any(len(m) != len(st) for m, st in zip(moves, states)):
+        raise SystemExit(f"{name}: answer_curve needs one character per move (the state-tracking tasks' format)")
+    curve = []
+    for j in range(1, len(states[0]) + 1):
+        prefixes = [Example(f"{name} {m[:j]} :", " " + st[j - 1]) for m, st in zip(moves, states)]
+        ids, labels = encode_batch(prefixes, ByteTokenizer())
+        curve.append(round(answer_correct(sequential_forward(model, ids)[0], labels).double().mean().item(), 4))
+    return curve
+
+
+@torch.no_grad()
+def drift_curves(model: FullBandLM, task: str, train_len: int, multiple: int, rows: int, fit_rows: int) -> dict:
+    """Every curve of the module docstring on the rows of the benchmark's `multiple`× column; the probe and
+    the novelty reference come from `fit_rows` other prompts of `train_len` moves."""
+    test_task, fit_task = task_with_moves(task, multiple * train_len), task_with_moves(task, train_len)
+    examples = synthetic_examples(test_task, rows, 10_000 + multiple)  # = state_tracking.evaluate's rows
+    h, states, answered = states_after_moves(model, test_task, examples)
+    fit_h, fit_states, _ = states_after_moves(model, fit_task, synthetic_examples(fit_task, fit_rows, 20_000))
+    names = sorted({s for row in states + fit_states for s in row})
     index = {s: i for i, s in enumerate(names)}
-    y = torch.tensor([[index[s] for s in row] for row in states])  # (B, moves)
-    curve = codebook_curves(h, y, train_len)
-    return {"moves": moves, "rows": rows, "states": len(names),
-            "answer_accuracy": round(answer.float().mean().item(), 4), **curve}
+    y = torch.tensor([[index[s] for s in row] for row in states])
+    fit_y = torch.tensor([[index[s] for s in row] for row in fit_states])
+    curve = per_move_curves(h, y, fit_h.reshape(-1, h.shape[-1]), fit_y.reshape(-1), len(names))
+    return {"moves": multiple * train_len, "rows": rows, "fit_rows": fit_rows, "states": len(names),
+            "answer_accuracy": round(answered.double().mean().item(), 4),
+            "answer": answer_curve(model, test_task, examples), **curve}
 
 
 def mean_sd(values: list[float | None]) -> str:
@@ -117,11 +172,9 @@ def summarise(records: list[dict], train_len: int) -> str:
         lines += [f"#### {task} ({label}; seeds {[r['seed'] for r in rs]}; {rs[0]['rows']} rows of "
                   f"{rs[0]['moves']} moves)", "",
                   "| after move | " + " | ".join(map(str, marks)) + " |", "|---|" + "---|" * len(marks)]
-        for key, name in (("decode", "decode (nearest centroid of moves ≤ L)"), ("drift", "drift"),
-                          ("drift_ok", "drift, rows still decoded right")):
+        for key, name in (("answer", "answer after j moves"), ("probe", "linear probe (fitted on moves ≤ L)"),
+                          ("novelty", "novelty"), ("novelty_ok", "novelty, rows the probe reads right")):
             lines.append(f"| {name} | " + " | ".join(mean_sd([r[key][m - 1] for r in rs]) for m in marks) + " |")
-        lines.append(f"| answer after all {rs[0]['moves']} moves | " + " | ".join(
-            [""] * (len(marks) - 1) + [mean_sd([r["answer_accuracy"] for r in rs])]) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -132,24 +185,24 @@ def plot(records: list[dict], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     tasks = list(dict.fromkeys(r["task"] for r in records))
     for r in records:
         colour = colours[tasks.index(r["task"]) % len(colours)]
         x = range(1, r["moves"] + 1)
         label = f"{r['task']} seed {r['seed']}"
-        axes[0].plot(x, [v if v is not None else float("nan") for v in r["decode"]], color=colour, alpha=0.8,
-                     label=label)
-        axes[1].plot(x, [v if v is not None else float("nan") for v in r["drift_ok"]], color=colour, alpha=0.8,
-                     label=label)
-    for ax, title in zip(axes, ("decoded with the codebook of moves ≤ L", "drift of rows still decoded right")):
+        for ax, key in zip(axes, ("answer", "probe", "novelty_ok")):
+            ax.plot(x, [v if v is not None else float("nan") for v in r[key]], color=colour, alpha=0.8, label=label)
+    titles = ("answer after j moves", "linear probe fitted on moves ≤ L", "novelty of rows the probe reads right")
+    for ax, title in zip(axes, titles):
         ax.axvline(records[0]["train_len"], color="grey", ls=":", lw=1)
         ax.set_xlabel("move")
         ax.set_title(title)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of rows")
-    axes[1].set_ylabel("distance to own centroid / median centroid gap")
+    axes[1].set_ylabel("fraction of rows")
+    axes[2].set_ylabel("nearest training-length state, relative")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,13 +220,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--train-len", type=int, default=8, help="L of the saved models")
     p.add_argument("--multiple", type=int, default=8, help="prompts of multiple × L moves")
     p.add_argument("--rows", type=int, default=200)
+    p.add_argument("--fit-rows", type=int, default=1000, help="prompts of L moves for the probe and the reference")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="benchmarks/results/state_drift.jsonl")
     p.add_argument("--plot", default="docs/state_drift.png")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for the test suite")
     args = p.parse_args(argv)
     if args.quick:
-        args.multiple, args.rows = 2, 8
+        args.multiple, args.rows, args.fit_rows = 2, 4, 16
     torch.set_num_threads(args.threads)
     records = []
     for task in args.tasks.split(","):
@@ -184,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"skip {task} seed {seed}: no {name} under {', '.join(args.runs)}", file=sys.stderr)
                 continue
             model = load_saved(found[0])
-            curves = drift_curves(model, task, args.train_len, args.multiple, args.rows)
+            curves = drift_curves(model, task, args.train_len, args.multiple, args.rows, args.fit_rows)
             records.append({"task": task, "seed": seed, "label": found[0].parent.name, "model": str(found[0]),
                             "train_len": args.train_len, **curves})
     if not records:

@@ -145,21 +145,22 @@ def test_task_variants_pass_their_options():
     assert args.tasks == "cycle:size=3,parity"
 
 
-def test_codebook_curves_separate_a_state_on_its_codebook_from_one_that_drifts():
+def test_probe_and_novelty_tell_states_on_the_trained_region_from_states_that_drift():
     torch.manual_seed(0)
-    codebook = torch.randn(6, 16, dtype=torch.float64) * 10
-    y = torch.randint(0, 5, (40, 12))  # class 5 first appears after the training length
-    y[0, 8:] = 5
-    h = codebook[y].clone()
-    noise = torch.randn(40, 12, 16, dtype=torch.float64)
-    h[:, 4:] += noise[:, 4:] * 5 * torch.arange(1, 9, dtype=torch.float64)[None, :, None]  # grows after move 4
-    curves = drift.codebook_curves(h, y, train_len=4)
-    assert curves["states_with_centroid"] == 5
-    assert curves["decode"][:4] == [1.0] * 4 and curves["drift"][:4] == [0.0] * 4
-    assert curves["known"][8] == 39 / 40  # row 0's unseen class is left out from move 9 on
-    later = curves["drift"][4:]
-    assert all(b > a for a, b in zip(later, later[1:]))  # the drift grows with the noise
-    assert curves["decode"][-1] < curves["decode"][4]
+    codebook = torch.randn(5, 16, dtype=torch.float64) * 10
+    fit_y = torch.randint(0, 5, (400,))
+    fit_h = codebook[fit_y] + torch.randn(400, 16, dtype=torch.float64)
+    fit_h = torch.cat([fit_h, fit_h[:200]])  # shared prefixes repeat states exactly: they must not zero the scale
+    fit_y = torch.cat([fit_y, fit_y[:200]])
+    assert drift.novelty(fit_h[:3], fit_h).tolist() == [0.0, 0.0, 0.0]
+    y = torch.randint(0, 5, (50, 6))
+    offsets = torch.tensor([0.0, 0.0, 5.0, 10.0, 20.0, 40.0], dtype=torch.float64)  # a state that drifts away
+    h = codebook[y] + torch.randn(50, 6, 16, dtype=torch.float64) + offsets[None, :, None] * torch.randn(16).abs()
+    curves = drift.per_move_curves(h, y, fit_h, fit_y, classes=5)
+    assert curves["probe"][:2] == [1.0, 1.0] and curves["probe"][-1] < 0.9
+    assert 0.5 < curves["novelty"][0] < 2 and curves["novelty"][1] < 2
+    later = curves["novelty"][1:]
+    assert all(b > a for a, b in zip(later, later[1:]))
 
 
 def test_drift_benchmark_quick_reads_saved_models(tmp_path, capsys, single_thread):
@@ -169,8 +170,12 @@ def test_drift_benchmark_quick_reads_saved_models(tmp_path, capsys, single_threa
     drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
                 "--train-len", "2", "--out", str(out), "--plot", str(tmp_path / "drift.png")])
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
-    assert record["moves"] == 4 and len(record["decode"]) == 4 and (tmp_path / "drift.png").stat().st_size > 0
-    assert "| drift |" in capsys.readouterr().out
+    assert record["moves"] == 4 and (tmp_path / "drift.png").stat().st_size > 0
+    assert all(len(record[key]) == 4 for key in ("answer", "probe", "novelty", "novelty_ok"))
+    # the answer after all moves is the benchmark's 2× column (the same rows): the two routes agree
+    graded = json.loads((tmp_path / "st.jsonl").read_text().splitlines()[0])["eval"]["2"]["exact"]
+    assert record["answer"][-1] == record["answer_accuracy"] == st.accuracy(graded)
+    assert "| novelty |" in capsys.readouterr().out
     (tmp_path / "models" / "st" / "s3_s0_fbt.pt").write_bytes(b"half a file")
     with pytest.raises(SystemExit, match="not a model saved"):
         drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
