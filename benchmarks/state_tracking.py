@@ -22,6 +22,8 @@ argmax given the prompt and the previous answer tokens, i.e. greedy decoding rep
 
 Results append to a JSON-lines file (one line per task, seed and model), so an interrupted run resumes
 where it stopped; the summary (mean ± sd over seeds, paired differences) is printed as markdown.
+The trained weights are kept under --save-models (default runs/state_tracking_models/<out name>/) for
+analyses of the learnt recurrence such as benchmarks/state_drift.py.
 """
 
 from __future__ import annotations
