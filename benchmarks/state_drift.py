@@ -66,6 +66,7 @@ def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Ex
 def fit_probe(h: torch.Tensor, y: torch.Tensor, classes: int, steps: int = 300) -> torch.nn.Module:
     """A linear probe (standardised inputs, softmax over the task states) fitted by full-batch L-BFGS."""
     mean, std = h.mean(0), h.std(0) + 1e-6
+    torch.manual_seed(0)  # the probe's initial weights do not depend on what ran before
     linear = torch.nn.Linear(h.shape[1], classes, dtype=h.dtype)
     opt = torch.optim.LBFGS(linear.parameters(), max_iter=steps, line_search_fn="strong_wolfe")
     x = (h - mean) / std
@@ -91,16 +92,20 @@ class Standardise(torch.nn.Module):
         return (x - self.mean) / self.std
 
 
-def novelty(h: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """Distance from each state to its nearest reference state, over the median of the same distance
-    among the distinct reference states themselves (leave-one-out): ~1 inside the region the training
-    lengths visit, larger the further a state has moved out of it. (Prompts that share their first moves
-    share those states exactly, hence the distinct ones.)"""
-    reference = torch.unique(reference, dim=0)
-    inside = torch.cdist(reference, reference)
-    inside.fill_diagonal_(float("inf"))
-    scale = inside.min(1).values.median()
-    return torch.cdist(h, reference).min(1).values / scale
+class Novelty:
+    """Distance from a state to its nearest reference state, over the median of the same distance among
+    the distinct reference states themselves (leave-one-out): ~1 inside the region the training lengths
+    visit, larger the further a state has moved out of it. (Prompts that share their first moves share
+    those states exactly, hence the distinct ones.)"""
+
+    def __init__(self, reference: torch.Tensor) -> None:
+        self.reference = torch.unique(reference, dim=0)
+        inside = torch.cdist(self.reference, self.reference)
+        inside.fill_diagonal_(float("inf"))
+        self.scale = inside.min(1).values.median()
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(h, self.reference).min(1).values / self.scale
 
 
 def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y: torch.Tensor,
@@ -110,10 +115,10 @@ def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y
     every row and over the rows the probe still reads right."""
     probe = fit_probe(fit_h, fit_y, classes)
     curve: dict[str, list[float | None]] = {"probe": [], "novelty": [], "novelty_ok": []}
-    fit_h = torch.unique(fit_h, dim=0)  # the reference of `novelty`, made distinct once
+    novelty = Novelty(fit_h)
     for j in range(h.shape[1]):
         right = probe(h[:, j]).argmax(-1) == y[:, j]
-        far = novelty(h[:, j], fit_h)
+        far = novelty(h[:, j])
         curve["probe"].append(round(right.double().mean().item(), 4))
         curve["novelty"].append(round(far.mean().item(), 3))
         curve["novelty_ok"].append(round(far[right].mean().item(), 3) if right.any() else None)

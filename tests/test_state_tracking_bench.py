@@ -152,7 +152,7 @@ def test_probe_and_novelty_tell_states_on_the_trained_region_from_states_that_dr
     fit_h = codebook[fit_y] + torch.randn(400, 16, dtype=torch.float64)
     fit_h = torch.cat([fit_h, fit_h[:200]])  # shared prefixes repeat states exactly: they must not zero the scale
     fit_y = torch.cat([fit_y, fit_y[:200]])
-    assert drift.novelty(fit_h[:3], fit_h).tolist() == [0.0, 0.0, 0.0]
+    assert drift.Novelty(fit_h)(fit_h[:3]).tolist() == [0.0, 0.0, 0.0]
     y = torch.randint(0, 5, (50, 6))
     offsets = torch.tensor([0.0, 0.0, 5.0, 10.0, 20.0, 40.0], dtype=torch.float64)  # a state that drifts away
     h = codebook[y] + torch.randn(50, 6, 16, dtype=torch.float64) + offsets[None, :, None] * torch.randn(16).abs()
