@@ -155,6 +155,23 @@ def curve_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def equal_token_differences(runs: list[dict], trained) -> list[tuple[dict, str, list[int], list[float]]]:
+    """(FBT run, mode, tokens, loss − baseline's standard loss) at every evaluation step the FBT run shares
+    with the baseline of the same seed *and budget* (a longer baseline@X is mid-run there, not at equal
+    tokens). ``trained(run, mode)`` gives the run's curve points to use."""
+    base = {(r["seed"], r["mult"]): {c["step"]: c["loss"]["standard"] for c in r["curve"]}
+            for r in runs if r["name"] == "baseline"}
+    out = []
+    for r in runs:
+        same = base.get((r["seed"], r["mult"]))
+        if r["name"] == "baseline" or same is None:
+            continue
+        for mode in ("standard", "fused(1)"):
+            points = [c for c in trained(r, mode) if c["step"] in same]
+            out.append((r, mode, [c["tokens"] for c in points], [c["loss"][mode] - same[c["step"]] for c in points]))
+    return out
+
+
 def plot_curves(records: list[dict], out: Path) -> Path | None:
     """Validation loss during training against tokens and against compute (each arm's standard pass, each FBT
     arm's fused(1); one line per (arm, seed)), and the FBT arms' differences from the baseline at equal tokens.
@@ -170,7 +187,6 @@ def plot_curves(records: list[dict], out: Path) -> Path | None:
         return None
     runs = [r for r in records if r.get("curve")]
     arms = list(dict.fromkeys(r["arm"] for r in runs))
-    base = {r["seed"]: {c["step"]: c["loss"]["standard"] for c in r["curve"]} for r in runs if r["name"] == "baseline"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
 
     def trained(r: dict, mode: str) -> list[dict]:
@@ -197,12 +213,10 @@ def plot_curves(records: list[dict], out: Path) -> Path | None:
             span = max(late) - min(late)
             ax.set_ylim(min(late) - 0.05 * span, max(late) + 0.05 * span)
         ax.grid(alpha=0.3)
-    for r in (r for r in runs if r["name"] != "baseline" and r["seed"] in base):
-        for mode, style in (("standard", "-"), ("fused(1)", "--")):
-            points = [c for c in trained(r, mode) if c["step"] in base[r["seed"]]]
-            axes[2].plot([c["tokens"] for c in points], [c["loss"][mode] - base[r["seed"]][c["step"]] for c in points],
-                         color=f"C{arms.index(r['arm'])}", linestyle=style, marker="x" if style == "--" else ".",
-                         label=f"{r['arm']} {mode} − baseline (seed {r['seed']})")
+    for r, mode, tokens, diffs in equal_token_differences(runs, trained):
+        style = "-" if mode == "standard" else "--"
+        axes[2].plot(tokens, diffs, color=f"C{arms.index(r['arm'])}", linestyle=style,
+                     marker="x" if style == "--" else ".", label=f"{r['arm']} {mode} − baseline (seed {r['seed']})")
     axes[2].axhline(0, color="k", linewidth=0.8)
     axes[2].set_xlabel("training tokens")
     axes[2].set_ylabel("loss difference at equal tokens (nats/token)")

@@ -96,3 +96,19 @@ def test_contraction_reads_the_reasoning_trace_runs(tmp_path, capsys, single_thr
     (record,) = [json.loads(line) for line in result.read_text().splitlines()]
     assert record["arm"] == "fixed-fbt" and record["run_dir"].endswith("fixed-fbt-seed0")
     assert "| fixed-fbt | 1 |" in capsys.readouterr().out
+
+
+def test_equal_token_differences_use_the_baseline_of_the_same_budget():
+    def run(arm: str, name: str, mult: float, losses: list[float]) -> dict:
+        return {"arm": arm, "name": name, "mult": mult, "seed": 0,
+                "curve": [{"step": 10 * (i + 1), "tokens": 100 * (i + 1), "loss": {"standard": x, "fused(1)": x - 0.01}}
+                          for i, x in enumerate(losses)]}
+
+    baseline = run("baseline", "baseline", 1.0, [2.0, 1.5])
+    longer = run("baseline@2", "baseline", 2.0, [2.2, 1.9, 1.4, 1.2])
+    fbt = run("fbt", "fbt", 1.0, [2.1, 1.6])
+    # the longer baseline comes last, as it does in a results file where it was run after the others
+    diffs = lm.equal_token_differences([baseline, fbt, longer], lambda r, mode: r["curve"])
+    assert [(r["arm"], mode, tokens) for r, mode, tokens, _ in diffs] == [
+        ("fbt", "standard", [100, 200]), ("fbt", "fused(1)", [100, 200])]
+    assert [round(d, 6) for d in diffs[0][3]] == [0.1, 0.1] and [round(d, 6) for d in diffs[1][3]] == [0.09, 0.09]
