@@ -36,6 +36,7 @@ from fullband.data import ByteTokenizer, Example
 from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.probe import fit_logistic
 from fullband.state_tracking import answer_correct, encode_batch, task_with_moves
 
 
@@ -63,35 +64,6 @@ def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Ex
     return h, [[state for _, state in t] for t in targets], answer_correct(logits, labels)
 
 
-def fit_probe(h: torch.Tensor, y: torch.Tensor, classes: int, steps: int = 300) -> torch.nn.Module:
-    """A linear probe (standardised inputs, softmax over the task states) fitted by full-batch L-BFGS."""
-    mean, std = h.mean(0), h.std(0) + 1e-6
-    torch.manual_seed(0)  # the probe's initial weights do not depend on what ran before
-    linear = torch.nn.Linear(h.shape[1], classes, dtype=h.dtype)
-    opt = torch.optim.LBFGS(linear.parameters(), max_iter=steps, line_search_fn="strong_wolfe")
-    x = (h - mean) / std
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(linear(x), y) + 1e-4 * linear.weight.square().sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    probe = torch.nn.Sequential(Standardise(mean, std), linear).eval()
-    return probe.requires_grad_(False)
-
-
-class Standardise(torch.nn.Module):
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        super().__init__()
-        self.mean, self.std = mean, std
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) / self.std
-
-
 class Novelty:
     """Distance from a state to its nearest reference state, over the median of the same distance among
     the distinct reference states themselves (leave-one-out): ~1 inside the region the training lengths
@@ -113,11 +85,12 @@ def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y
     """Per move j of the test states h (B, moves, D) with true states y (B, moves): the accuracy of a
     linear probe fitted on the training-length states (fit_h, fit_y) and the novelty of the states, over
     every row and over the rows the probe still reads right."""
-    probe = fit_probe(fit_h, fit_y, classes)
+    with torch.enable_grad():  # the callers run the model under no_grad
+        probe = fit_logistic(fit_h, fit_y, classes)  # the same probe as benchmarks/probes.py
     curve: dict[str, list[float | None]] = {"probe": [], "novelty": [], "novelty_ok": []}
     novelty = Novelty(fit_h)
     for j in range(h.shape[1]):
-        right = probe(h[:, j]).argmax(-1) == y[:, j]
+        right = probe(h[:, j]) == y[:, j]
         far = novelty(h[:, j])
         curve["probe"].append(round(right.double().mean().item(), 4))
         curve["novelty"].append(round(far.mean().item(), 3))
