@@ -35,20 +35,17 @@ import torch
 from fullband.data import ByteTokenizer, Example
 from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
-from fullband.model import FullBandConfig, FullBandLM
+from fullband.model import FullBandLM
 from fullband.probe import fit_logistic
 from fullband.state_tracking import answer_correct, encode_batch, task_with_moves
 
 
 def load_saved(path: Path) -> FullBandLM:
-    """A model saved by benchmarks/state_tracking.py (--save-models), in eval mode."""
+    """A model kept by benchmarks/state_tracking.py (--save-models), in eval mode."""
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # a truncated or foreign file: say which one
-        raise SystemExit(f"{path}: not a model saved by benchmarks/state_tracking.py ({err})") from err
-    model = FullBandLM(FullBandConfig.from_dict(saved["model_config"]))
-    model.load_state_dict(saved["state_dict"])
-    return model.eval()
+        return FullBandLM.from_pretrained(path).eval()
+    except (FileNotFoundError, ValueError) as err:  # a half-written or foreign directory: say which
+        raise SystemExit(f"{path}: not a model kept by benchmarks/state_tracking.py ({err})") from err
 
 
 def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Example]
@@ -192,7 +189,7 @@ def plot(records: list[dict], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", required=True, metavar="DIR",
-                   help="directories of models saved by benchmarks/state_tracking.py (<task>_s<seed>_fbt.pt)")
+                   help="directories of models kept by benchmarks/state_tracking.py (<task>_s<seed>_fbt/)")
     p.add_argument("--tasks", default="s5")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--train-len", type=int, default=8, help="L of the saved models")
@@ -210,8 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     for task in args.tasks.split(","):
         for seed in args.seeds:
-            name = f"{task}_s{seed}_fbt.pt"
-            found = [Path(d) / name for d in args.runs if (Path(d) / name).is_file()]
+            name = f"{task}_s{seed}_fbt"
+            found = [Path(d) / name for d in args.runs if (Path(d) / name).is_dir()]
             if not found:
                 print(f"skip {task} seed {seed}: no {name} under {', '.join(args.runs)}", file=sys.stderr)
                 continue

@@ -174,15 +174,6 @@ def plot(path: Path, out: Path) -> Path | None:
     return out
 
 
-def save_model(model, path: Path) -> None:
-    """The weights and model config of a trained model (written to a temporary name first, so a file
-    under `path` is always whole)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model_config": model.config.to_dict(), "state_dict": model.state_dict()}, tmp)
-    tmp.replace(path)
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=",".join(STATE_TRACKING_TASKS),
@@ -201,8 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="config override of the preset for every model (repeatable), e.g. model.feedback_jitter=0.1")
     p.add_argument("--out", default="benchmarks/results/state_tracking.jsonl")
     p.add_argument("--save-models", default="runs/state_tracking_models", metavar="DIR",
-                   help="keep each trained model's weights as DIR/<out name>/<task>_s<seed>_<model>.pt, for analyses "
-                        "such as benchmarks/state_drift.py ('' = do not keep them)")
+                   help="keep each trained model (save_pretrained) in DIR/<out name>/<task>_s<seed>_<model>/, for "
+                        "analyses such as benchmarks/state_drift.py ('' = do not keep them)")
     p.add_argument("--plot", default="docs/state_tracking.png")
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--compare", nargs="+", metavar="LABEL=FILE",
@@ -274,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
                     if kind == "fbt":
                         record["hold"] = evaluate_hold(model, task, recipe)
                     if args.save_models:
-                        save_model(model, Path(args.save_models) / out.stem / f"{task}_s{seed}_{kind}.pt")
+                        model.save_pretrained(Path(args.save_models) / out.stem / f"{task}_s{seed}_{kind}")
                     with out.open("a") as f:
                         f.write(json.dumps(record) + "\n")
                     accs = {m: {k: round(accuracy(v), 3) for k, v in r.items()} for m, r in record["eval"].items()}

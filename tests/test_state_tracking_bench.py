@@ -57,9 +57,9 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
     records = [json.loads(line) for line in out.read_text().splitlines()]
     # The kept weights are the model that was graded: reloaded, it answers the same rows the same way.
     saved = sorted(p.name for p in (models / "st").iterdir())
-    assert saved == ["parity_s0_baseline.pt", "parity_s0_baseline_compute.pt", "parity_s0_fbt.pt"]
+    assert saved == ["parity_s0_baseline", "parity_s0_baseline_compute", "parity_s0_fbt"]
     recipe = core.Recipe(train_len=2, eval_rows=4, multiples=(1, 2))
-    assert core.evaluate(drift.load_saved(models / "st" / "parity_s0_fbt.pt"), "parity", recipe,
+    assert core.evaluate(drift.load_saved(models / "st" / "parity_s0_fbt"), "parity", recipe,
                          ("exact", "plain")) == records[0]["eval"]
     assert [r["model"] for r in records] == ["fbt", "baseline", "baseline_compute"]
     fbt, base, compute = records
@@ -176,7 +176,7 @@ def test_drift_benchmark_quick_reads_saved_models(tmp_path, capsys, single_threa
     graded = json.loads((tmp_path / "st.jsonl").read_text().splitlines()[0])["eval"]["2"]["exact"]
     assert record["answer"][-1] == record["answer_accuracy"] == st.accuracy(graded)
     assert "| novelty |" in capsys.readouterr().out
-    (tmp_path / "models" / "st" / "s3_s0_fbt.pt").write_bytes(b"half a file")
-    with pytest.raises(SystemExit, match="not a model saved"):
+    (tmp_path / "models" / "st" / "s3_s0_fbt" / "model.safetensors").write_bytes(b"half a file")
+    with pytest.raises(SystemExit, match="not a model kept"):
         drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
                     "--train-len", "2", "--out", str(out), "--plot", ""])
