@@ -20,7 +20,8 @@ from test_train import steps_of, tiny_raw, write_yaml
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 
-# Runs train() in each rank, then reports the threads left in the process.
+# Runs train() in each rank, then writes the threads left in the process to a file of its own: the ranks share
+# one stdout, where two reports can interleave into a single line.
 SCRIPT = """
 import json, os, sys
 import torch
@@ -29,13 +30,14 @@ from fullband.config import build_config
 from fullband.train import train
 
 torch.set_num_threads(1)
-config, out_dir, data_dir = sys.argv[1:4]
+config, out_dir, data_dir, report_dir = sys.argv[1:5]
 train(build_config(yaml.safe_load(open(config))), out_dir, data_dir=data_dir)
 names = []
 for task in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{task}/comm") as f:
         names.append(f.read().strip())
-print("THREADS " + os.environ["RANK"] + " " + json.dumps(sorted(names)), flush=True)
+with open(os.path.join(report_dir, "threads_" + os.environ["RANK"] + ".json"), "w") as f:
+    json.dump(sorted(names), f)
 """
 
 
@@ -49,12 +51,12 @@ def test_no_process_group_thread_survives_training(tmp_path, parity_data):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(config), str(tmp_path / "run"), str(parity_data)]
+               str(config), str(tmp_path / "run"), str(parity_data), str(tmp_path)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    reports = [line.split(" ", 2) for line in proc.stdout.splitlines() if line.startswith("THREADS ")]
-    assert sorted(rank for _, rank, _ in reports) == ["0", "1"], proc.stdout
-    for _, rank, report in reports:
-        names = json.loads(report)
+    reports = sorted(tmp_path.glob("threads_*.json"))
+    assert [r.name for r in reports] == ["threads_0.json", "threads_1.json"], proc.stdout[-3000:]
+    for report in reports:
+        rank, names = report.stem.split("_")[1], json.loads(report.read_text())
         # gloo's workers are named pt_gloo_runloop and gloo_tcp_loop
         assert not [n for n in names if "gloo" in n], f"rank {rank}: threads left: {names}"
