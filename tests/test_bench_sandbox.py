@@ -86,7 +86,10 @@ def test_control_an_unsandboxed_program_reaches_the_server(listening_server):
     out = subprocess.run([sys.executable, "-c", CONNECT.format(port=port)], capture_output=True, text=True,
                          timeout=30)
     assert "connected" in out.stdout
-    time.sleep(0.5)
+    # the connection waits in the backlog until the accept thread takes it: poll, not a fixed sleep
+    deadline = time.monotonic() + 10
+    while not accepted and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert accepted
 
 
