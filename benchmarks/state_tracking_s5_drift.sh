@@ -5,7 +5,8 @@
 #   (a) training prompts of 1..16 moves instead of 1..8 (tested at 16/32/64/128 moves), so the map is
 #       trained on twice as many iterations of itself;
 #   (b) noise on the fed-back state in training (model.feedback_jitter=0.1), so the map must pull
-#       perturbed states back onto the ones it knows.
+#       perturbed states back onto the ones it knows;
+#   (c) training prompts of 1..32 moves (tested at 32/64/128/256 moves).
 # Every call resumes (finished task/seed/model triples are skipped):
 #   nohup sh benchmarks/state_tracking_s5_drift.sh > runs/st_s5_drift.log 2>&1 &
 set -e
@@ -15,3 +16,4 @@ run() { $PY benchmarks/state_tracking.py --threads 1 --plot "" --steps 2000 --mo
     --set train.pass_loss=last --set model.gate_init_std=0.2 "$@"; }
 run --train-len 16 --out $D/s5_len16_2000.jsonl
 run --set model.feedback_jitter=0.1 --out $D/s5_jitter0.1_2000.jsonl
+run --train-len 32 --out $D/s5_len32_2000.jsonl
