@@ -12,7 +12,7 @@ from test_train import SEQ, read_metrics, steps_of, tiny_config
 
 from fullband.data import TokenLoader, TokenSplit, open_dataset, prepare_dataset
 from fullband.data.synthetic import export_jsonl, state_tracking_task
-from fullband.errors import ConfigError
+from fullband.errors import ConfigError, DataError
 from fullband.train import PassSchedule, train
 from fullband.train.feedback import feedback_start_step
 
@@ -198,3 +198,44 @@ def test_training_on_a_text_stream_is_refused(tmp_path, parity_data, option, mes
     # data.format auto resolves to text only when the data is prepared: the trainer refuses then.
     with pytest.raises(ConfigError, match=message):
         train(tiny_config(train=option), tmp_path / "run", data_dir=parity_data)
+
+
+# ---- records longer than a window ----------------------------------------------------------------
+
+
+def test_cut_documents_counts_what_a_window_loses():
+    # documents of 5, 40, 12 and 50 tokens; a window holds seq_len + 1 = 17
+    lengths = [5, 40, 12, 50]
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    mask = np.zeros(sum(lengths), dtype=np.uint8)
+    mask[starts[1] + 30 : starts[1] + 40] = 1  # the 40-token record's targets lie past its window
+    mask[starts[3] + 3] = 1  # the 50-token record has one target inside its window ...
+    mask[starts[3] + 45] = 1  # ... and one past it
+    tokens = [np.arange(sum(lengths), dtype=np.uint16)]
+    assert TokenSplit("train", tokens, starts, mask, isolate=True).cut_documents(16) == (2, 1, 50)
+    assert TokenSplit("train", tokens, starts, None, isolate=True).cut_documents(16) == (2, 0, 50)
+    assert TokenSplit("train", tokens, starts, mask, isolate=True).cut_documents(49) == (0, 0, 50)
+    assert TokenSplit("train", tokens, starts, mask, isolate=False).cut_documents(16) == (0, 0, 0)
+
+
+def _cut_reference(split: TokenSplit, seq_len: int) -> tuple[int, int]:
+    """Documents longer than a window, and those with no trained target among its tokens 1..seq_len."""
+    ends = np.append(split.doc_starts[1:], len(split))
+    long = [(int(s), int(e)) for s, e in zip(split.doc_starts, ends) if e - s > seq_len + 1]
+    return len(long), sum(not split.loss_mask[s + 1 : s + seq_len + 1].any() for s, _ in long)
+
+
+def test_training_on_records_longer_than_a_window_warns_with_the_fix(tmp_path, capsys):
+    data = _prompt_answer_data(tmp_path, (10, 25), 120)  # 23..38 tokens: some longer than a window of 33
+    train(tiny_config(data=data, train={"tokens": steps_of(1)}), tmp_path / "run", data_dir=tmp_path / "data")
+    long, untrained = _cut_reference(open_dataset(tmp_path / "data").split("train"), SEQ)
+    assert 0 < untrained <= long
+    err = capsys.readouterr().err
+    assert f"warning: {long:,} of " in err and f"{untrained:,} of them have no trained target" in err
+    assert "Raise train.seq_len to at least" in err
+
+
+def test_training_on_records_all_longer_than_a_window_is_refused(tmp_path):
+    data = _prompt_answer_data(tmp_path, (40, 50), 40)  # every answer lies past the window of 33 tokens
+    with pytest.raises(DataError, match="nothing would be trained.*Raise train.seq_len to at least"):
+        train(tiny_config(data=data, train={"tokens": steps_of(1)}), tmp_path / "run", data_dir=tmp_path / "data")

@@ -396,6 +396,23 @@ class TokenSplit:
             index = max(reach - 1 if cut else reach, index + 1)
         return np.asarray(starts, dtype=np.int64)
 
+    def cut_documents(self, seq_len: int) -> tuple[int, int, int]:
+        """What windows of seq_len + 1 tokens cut, with isolated documents: (documents longer than a window,
+        those of them with no trained target inside their window, the longest document's length). Such a
+        document is trained only up to its window's end (see make_batch), so a prompt/answer record whose
+        answer lies past the cut is never trained."""
+        if not self.isolate or not len(self.doc_starts):
+            return 0, 0, 0
+        lengths = np.diff(np.append(self.doc_starts, len(self)))
+        long = self.doc_starts[lengths > seq_len + 1]
+        untrained = 0
+        if self.loss_mask is not None:
+            targets = np.arange(1, seq_len + 1)  # a window's targets: its tokens 1 .. seq_len
+            for first in range(0, len(long), 4096):
+                positions = long[first : first + 4096, None] + targets
+                untrained += int((np.asarray(self.loss_mask[positions]) == 0).all(axis=1).sum())
+        return len(long), untrained, int(lengths.max())
+
     def tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) as int64, read across shard boundaries."""
         if not 0 <= start <= stop <= len(self):

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
-from fullband.data import PreparedDataset, TokenLoader, load_tokenizer, open_dataset, prepare_dataset
+from fullband.data import PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
 from fullband.model import FullBandConfig, FullBandLM, MultipassOutput
@@ -199,6 +199,24 @@ class Trainer:
             self._load_init_weights(model, model_dir)
         return model.to(self.device)
 
+    def _check_cut_documents(self, split: TokenSplit, seq_len: int) -> None:
+        """Records longer than a window lose their ends: say so, and refuse when nothing would be trained."""
+        long, untrained, longest = split.cut_documents(seq_len)
+        if not long:
+            return
+        fix = (f"Raise train.seq_len to at least {longest - 1} (and model.max_seq_len with it) to train every "
+               "record whole, or shorten the records")
+        if untrained == split.num_documents:
+            raise DataError(
+                f"every training record is longer than a window of train.seq_len + 1 = {seq_len + 1} tokens and has "
+                f"no trained target inside it (the longest has {longest:,} tokens): nothing would be trained. {fix}."
+            )
+        lost = (f"; {untrained:,} of them have no trained target there (e.g. a prompt/answer record whose answer "
+                "lies past the cut) and are never trained") if untrained else ""
+        self._log(f"warning: {long:,} of {split.num_documents:,} training records are longer than a window of "
+                  f"train.seq_len + 1 = {seq_len + 1} tokens (the longest has {longest:,}); each is trained only on "
+                  f"its first {seq_len + 1} tokens{lost}. {fix}.")
+
     def _check_tokenizer(self, model_dir: Path, dataset: PreparedDataset) -> bool:
         """Whether the data's tokenizer extends the model's (chat tokens added); raises if it is another one."""
         tokenizer_dir = model_dir / "tokenizer"
@@ -342,6 +360,7 @@ class Trainer:
                 f"stream (record format {dataset.manifest.get('record_format')!r}). Use data.format prompt_answer or "
                 "chat (or data.isolate_documents true), or another train.schedule."
             )
+        self._check_cut_documents(split, t.seq_len)
         curriculum_steps = round(t.length_curriculum * total_steps)
         loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
 
