@@ -113,6 +113,31 @@ def test_fused_auto_with_zero_tolerance_equals_fused_at_the_cap(model_and_tokeni
     assert by_mode["fused:auto"] == by_mode["fused:3"]
 
 
+def test_fused_auto_says_when_prefills_stop_at_the_cap(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    task = make_task(PARITY)
+    longest = max(len(encode_prompt(tokenizer, p.prompt)) for p in task.problems(6))
+    # With tolerance 0 a prefill converges only at the exact recurrence's fixed point: after T - 1 fused passes
+    # its next pass changes nothing. Below that the cap cuts it off.
+    ids = torch.tensor([encode_prompt(tokenizer, task.problems(1)[0].prompt)])
+    assert model.prefill(ids, "auto", fused_tol=0.0, fused_max_passes=ids.shape[1]).converged.tolist() == [True]
+    assert model.prefill(ids, "auto", fused_tol=0.0, fused_max_passes=2).converged.tolist() == [False]
+    assert model.prefill(ids, 2).converged is None
+    for cap, cut in ((2, 6), (longest, 0)):
+        out = tmp_path / f"cap{cap}"
+        run_bench(model, tokenizer, [task], settings(modes=["fused:auto", "fused:2"], fused_tol=0.0,
+                                                     fused_max_passes=cap), out, progress=False, plots=False)
+        got = rows(out)
+        assert [r["fused_converged"] for r in got if r["mode"] == "fused:auto"] == [cut == 0] * 6
+        assert all(r["fused_converged"] is None for r in got if r["mode"] == "fused:2")
+        cells = json.loads((out / "results.json").read_text())["results"][PARITY]
+        assert cells["fused:auto"]["0.0"]["fused_unconverged"] == cut
+        assert cells["fused:2"]["0.0"]["fused_unconverged"] == 0
+        report = (out / "results.md").read_text()
+        assert (f"{cut} of 6 samples stopped at --fused-max-passes {cap}" in report) == (cut > 0)
+        assert ("**Warning**" in report) == (cut > 0)
+
+
 def test_exact_match_scoring_against_known_answers(model_and_tokenizer, tmp_path):
     """A JSONL task whose answers are the model's own greedy outputs for half the problems and wrong for
     the other half scores exactly 0.5."""

@@ -177,7 +177,8 @@ def generate_stream(
     yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps.
     ``fused_passes`` is an integer or "auto" (adaptive, with ``fused_tol`` and ``fused_max_passes``).
     ``stats``, a dict, receives ``"fused_passes"``: the fused prefill passes each row ran (a list of B
-    ints, 0 outside fused mode) once the prefill is done."""
+    ints, 0 outside fused mode) once the prefill is done, and with ``fused_passes="auto"`` also
+    ``"fused_converged"``: whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
     ids, mask = left_pad(input_ids, attention_mask)
     ids, mask = ids.to(model.device), mask.to(model.device)
     _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p)
@@ -191,6 +192,8 @@ def generate_stream(
                                                  fused_max_passes)
     if stats is not None:
         stats["fused_passes"] = out.passes.tolist()
+        if out.converged is not None:
+            stats["fused_converged"] = out.converged.tolist()
 
     finished = torch.zeros(B, dtype=torch.bool, device=model.device)
     logits, state = out.logits[:, -1], out.hidden[:, -1:]

@@ -345,6 +345,9 @@ class ModelOutput:
     hidden: torch.Tensor  # (B, T, D): the state that would be fed back, per config.feedback_source
     past_key_values: KVCache | None = None
     passes: torch.Tensor | None = None  # prefill only: (B,) fused passes each row ran (fixed n or adaptive)
+    # prefill with fused_passes="auto" only: (B,) whether the row's states met fused_tol (False: it was cut
+    # off at fused_max_passes while still changing)
+    converged: torch.Tensor | None = None
 
 
 @dataclass
@@ -488,7 +491,8 @@ class FullBandLM(nn.Module):
         ``fused_tol``, or ``fused_max_passes`` passes have run; the row's result is then exactly fused(k*)
         for its own k*. The rule is per row, so a row's k* and output do not depend on its batch. After
         T - 1 fused passes a T-token prompt is at the exact recurrence's fixed point, so ``fused_tol=0``
-        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.passes`` holds k* per row."""
+        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.passes`` holds k* per row and, in
+        adaptive mode, ``out.converged`` whether it met ``fused_tol`` (False: stopped by ``fused_max_passes``)."""
         adaptive = fused_passes == "auto"
         if not adaptive and (not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 0):
             raise ValueError(f"fused_passes must be a non-negative integer or 'auto', got {fused_passes!r}")
@@ -533,6 +537,8 @@ class FullBandLM(nn.Module):
             if adaptive and bool(done.all()):  # one device sync per pass, only in adaptive mode
                 break
         out.passes = passes
+        if adaptive:
+            out.converged = done
         return out
 
     def _attention_masks(

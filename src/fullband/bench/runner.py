@@ -140,11 +140,12 @@ def generate_batch(
     task: BenchTask,
     stop_ids: set[int],
     **kwargs: Any,
-) -> tuple[list[list[int]], list[int]]:
+) -> tuple[list[list[int]], list[int], list[bool | None]]:
     """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap).
 
-    Returns each row's generated token ids (EOS excluded, stop string included) and the fused prefill
-    passes each row ran (0 outside fused mode)."""
+    Returns each row's generated token ids (EOS excluded, stop string included), the fused prefill
+    passes each row ran (0 outside fused mode) and, in fused:auto mode, whether its prefill converged
+    (met fused_tol before fused_max_passes; None in the other modes)."""
     from fullband.generation import generate_stream
 
     stats: dict[str, Any] = {}
@@ -166,7 +167,8 @@ def generate_batch(
         if all(finished):
             break  # the generator is dropped: no more steps are computed
     passes = stats.get("fused_passes", [0] * len(prompts))
-    return rows, [int(p) for p in passes]
+    converged = stats.get("fused_converged", [None] * len(prompts))
+    return rows, [int(p) for p in passes], converged
 
 
 def _batches(items: list, size: int) -> Iterable[list]:
@@ -225,18 +227,19 @@ def run_task(
                 prompts = [encoded[p.id] for _, _, p, _ in batch]
                 room = context - max(len(ids) for ids in prompts)
                 seed = random.Random(f"{settings.seed}/{task.name}/{label}/{temperature}/{batch_no}").getrandbits(62)
-                tokens, passes = generate_batch(
+                tokens, passes, converged = generate_batch(
                     model, tokenizer, prompts, min(max_new, room), task, stop_ids,
                     temperature=temperature, top_p=settings.top_p, seed=seed,
                     **mode.generate_kwargs(settings.fused_tol, settings.fused_max_passes),
                 )
                 completions = [task.cut(tokenizer.decode(t)) for t in tokens]
                 scores = task.score([p for _, _, p, _ in batch], completions)
-                for (_, _, problem, sample), toks, text, score, n_pass in zip(batch, tokens, completions, scores,
-                                                                             passes):
+                for (_, _, problem, sample), toks, text, score, n_pass, conv in zip(
+                        batch, tokens, completions, scores, passes, converged):
                     row = {"task": task.name, "mode": label, "temperature": temperature, "problem": problem.id,
                            "sample": sample, "prompt": problem.prompt, "completion": text, "score": score,
-                           "correct": score >= 1.0, "length": len(toks), "fused_passes": n_pass}
+                           "correct": score >= 1.0, "length": len(toks), "fused_passes": n_pass,
+                           "fused_converged": conv}
                     done[_key(task.name, label, temperature, problem.id, sample)] = row
                     sink.write(json.dumps(row) + "\n")
                 sink.flush()
@@ -263,6 +266,8 @@ def aggregate(rows: Sequence[dict], settings: BenchSettings) -> dict:
             metrics["pass_at_k"] = {str(k): metrics["pass_at_k"]["1"] for k in settings.ks}
         passes = [r["fused_passes"] for g in groups for r in g]
         metrics["mean_fused_passes"] = sum(passes) / len(passes)
+        # fused:auto samples whose prefill was cut off at fused_max_passes (rows of older runs lack the key)
+        metrics["fused_unconverged"] = sum(r.get("fused_converged") is False for g in groups for r in g)
         results.setdefault(task, {}).setdefault(mode, {})[str(temperature)] = metrics
     for modes in results.values():
         for temps in modes.values():
@@ -274,6 +279,23 @@ def aggregate(rows: Sequence[dict], settings: BenchSettings) -> dict:
 
 def _ci(value: float, ci: Sequence[float], digits: int = 3) -> str:
     return f"{value:.{digits}f} [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _unconverged_notes(modes: dict, settings: BenchSettings) -> list[str]:
+    """A warning per fused:auto cell some of whose prefills stopped at the pass cap, not at the tolerance."""
+    notes = []
+    for mode, temps in modes.items():
+        for t in sorted(temps, key=float):
+            cut, n = temps[t].get("fused_unconverged", 0), temps[t]["samples"]
+            if cut:
+                notes.append(
+                    f"\n**Warning** ({mode}, temperature {t}): {cut} of {n} samples stopped at --fused-max-passes "
+                    f"{settings.fused_max_passes} with their prompt's states still changing by more than --fused-tol "
+                    f"{settings.fused_tol}, so they were answered from fused({settings.fused_max_passes}), not from "
+                    "the converged prefill. A prompt of T tokens reaches the exact recurrence after T − 1 fused "
+                    "passes: rerun with --fused-max-passes at least the longest prompt's length in tokens (and "
+                    "--fused-tol 0 for the exact recurrence).")
+    return notes
 
 
 def format_markdown(results: dict, settings: BenchSettings) -> str:
@@ -298,6 +320,7 @@ def format_markdown(results: dict, settings: BenchSettings) -> str:
                 if m["best"]:
                     cells = [f"**{c}**" for c in cells]
                 lines.append("| " + " | ".join(cells) + " |")
+        lines += _unconverged_notes(modes, settings)
         lines.append("")
     return "\n".join(lines)
 
