@@ -239,3 +239,28 @@ def test_training_on_records_all_longer_than_a_window_is_refused(tmp_path):
     data = _prompt_answer_data(tmp_path, (40, 50), 40)  # every answer lies past the window of 33 tokens
     with pytest.raises(DataError, match="nothing would be trained.*Raise train.seq_len to at least"):
         train(tiny_config(data=data, train={"tokens": steps_of(1)}), tmp_path / "run", data_dir=tmp_path / "data")
+
+
+def test_bench_runs_fused_auto_of_an_exact_trained_run_to_the_fixed_point(tmp_path, capsys):
+    """A run trained with train.schedule exact: `fullband bench --modes fused:auto` without --fused-max-passes
+    lets every prompt reach the exact recurrence (the cap is the model's context), not fused(8)."""
+    import json
+
+    from fullband.cli import main
+
+    data = _prompt_answer_data(tmp_path, (4, 6), 60)
+    train(tiny_config(data=data, train={"schedule": "exact", "tokens": steps_of(1)}), tmp_path / "run",
+          data_dir=tmp_path / "data")
+    val = export_jsonl(state_tracking_task("parity", 12, 12), tmp_path / "val.jsonl", 4, seed=1)  # 21-token prompts
+    base = ["bench", str(tmp_path / "run"), "--task", f"jsonl:{val}", "--modes", "fused:auto", "--device", "cpu",
+            "--no-progress", "--no-plots", "--bootstrap", "10"]
+    for extra, cap, converged in (([], SEQ, True), (["--fused-max-passes", "2"], 2, False)):
+        out = tmp_path / f"bench{cap}"
+        assert main(base + ["--out", str(out), *extra]) == 0
+        report = json.loads((out / "results.json").read_text())
+        assert report["settings"]["fused_max_passes"] == cap
+        samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+        assert [s["fused_converged"] for s in samples] == [converged] * 4
+        assert all((s["fused_passes"] <= 21) if converged else s["fused_passes"] == 2 for s in samples)
+        assert ("**Warning**" in (out / "results.md").read_text()) == (not converged)
+        assert (f"up to {SEQ} passes" in capsys.readouterr().err) == (not extra)

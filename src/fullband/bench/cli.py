@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="synthetic tasks: data.synthetic_val_examples (default: the run's, else 500)")
     p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
                    help=f"fused:auto: stop at this relative state change (default: {DEFAULT_FUSED_TOL})")
-    p.add_argument("--fused-max-passes", type=int, default=DEFAULT_FUSED_MAX_PASSES,
-                   help=f"fused:auto: at most this many passes (default: {DEFAULT_FUSED_MAX_PASSES})")
+    p.add_argument("--fused-max-passes", type=int,
+                   help="fused:auto: at most this many passes (default: the model's max_seq_len for a run trained "
+                   f"with train.schedule exact, else {DEFAULT_FUSED_MAX_PASSES})")
     p.add_argument("--timeout", type=float, default=10.0, help="humaneval: wall seconds per program (default: 10)")
     p.add_argument("--workers", type=int, help="humaneval: programs run in parallel (default: CPU count)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
@@ -52,17 +54,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
-    """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
+def _run_section(run_dir: Path | None, section: str) -> dict[str, Any]:
+    """One section of the config.yaml of the run the model was trained in ({} if unknown or unreadable)."""
     if run_dir is None or not (run_dir / "config.yaml").is_file():
         return {}
     import yaml
 
     try:
-        data = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data") or {}
+        values = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get(section) or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return {}
+    return values if isinstance(values, dict) else {}
+
+
+def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
+    """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
+    data = _run_section(run_dir, "data")
     return {k: data[k] for k in ("seed", "synthetic_val_examples") if isinstance(data.get(k), int)}
+
+
+def default_fused_max_passes(run_dir: Path | None, max_seq_len: int) -> int:
+    """fused:auto's cap when --fused-max-passes is not given: the model's context for a run trained with
+    train.schedule exact (its prompts settle only at the exact recurrence's fixed point, after T - 1 fused
+    passes for T tokens), else DEFAULT_FUSED_MAX_PASSES (a map that contracts settles in a few passes)."""
+    from fullband.model import DEFAULT_FUSED_MAX_PASSES
+
+    return max_seq_len if _run_section(run_dir, "train").get("schedule") == "exact" else DEFAULT_FUSED_MAX_PASSES
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -79,6 +96,7 @@ def run(args: argparse.Namespace) -> None:
     from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
     from fullband.bench.sandbox import Limits
     from fullband.bench.tasks import make_task
+    from fullband.model import DEFAULT_FUSED_MAX_PASSES
 
     modes = parse_modes(args.modes)
     temperatures = parse_temperatures(args.temperatures)
@@ -87,13 +105,19 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
     if ks[-1] > args.samples and any(t > 0 for t in temperatures):
         raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
-    for name in ("limit", "max_new_tokens", "batch_size", "workers"):
+    for name in ("limit", "max_new_tokens", "batch_size", "workers", "fused_max_passes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     model, tokenizer = load_model(args.model, args.device)
     run_dir = run_dir_of(args.model)
     recorded = run_data_settings(run_dir)
+    fused_max_passes = args.fused_max_passes
+    if fused_max_passes is None:
+        fused_max_passes = default_fused_max_passes(run_dir, model.config.max_seq_len)
+        if fused_max_passes != DEFAULT_FUSED_MAX_PASSES and any(m.fused_passes == "auto" for m in modes):
+            print(f"fused:auto: up to {fused_max_passes} passes (the model's context; the run was trained with "
+                  "train.schedule exact)", file=sys.stderr)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
     tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,
@@ -105,7 +129,7 @@ def run(args: argparse.Namespace) -> None:
         model=str(Path(args.model).resolve()), modes=[m.label for m in modes], temperatures=temperatures,
         samples=args.samples, ks=ks, limit=args.limit, max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size, seed=args.seed, top_p=args.top_p, fused_tol=args.fused_tol,
-        fused_max_passes=args.fused_max_passes, bootstrap=args.bootstrap,
+        fused_max_passes=fused_max_passes, bootstrap=args.bootstrap,
         extra={"match": args.match, "data_seed": data_seed, "val_examples": val_examples},
     )
     run_bench(model, tokenizer, tasks, settings, args.out, progress=not args.no_progress, plots=not args.no_plots)
