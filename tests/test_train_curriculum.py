@@ -264,3 +264,11 @@ def test_bench_runs_fused_auto_of_an_exact_trained_run_to_the_fixed_point(tmp_pa
         assert all((s["fused_passes"] <= 21) if converged else s["fused_passes"] == 2 for s in samples)
         assert ("**Warning**" in (out / "results.md").read_text()) == (not converged)
         assert (f"up to {SEQ} passes" in capsys.readouterr().err) == (not extra)
+    # `fullband generate --fused-passes auto` takes the same default, and says when the cap cut it off
+    prompt = json.loads(val.read_text().splitlines()[0])["prompt"]
+    generate = ["generate", str(tmp_path / "run"), "--prompt", prompt, "--mode", "fused", "--fused-passes", "auto",
+                "--max-new-tokens", "2", "--device", "cpu"]
+    for extra, cut in (([], False), (["--fused-max-passes", "2"], True)):
+        assert main(generate + extra) == 0
+        err = capsys.readouterr().err
+        assert "adaptive fused prefill: " in err and ("cut off at --fused-max-passes 2" in err) == cut

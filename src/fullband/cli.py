@@ -14,7 +14,7 @@ from typing import Any
 from fullband.cli_options import add_config_options, add_validation_data_options
 from fullband.config import RunConfig, load_config
 from fullband.errors import FullbandError
-from fullband.loading import encode_prompt, load_model, preset_path
+from fullband.loading import default_fused_max_passes, encode_prompt, load_model, preset_path, run_dir_of
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 
@@ -87,13 +87,19 @@ def cmd_generate(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.checkpoint, args.device)
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
+    max_passes = args.fused_max_passes
+    if max_passes is None:
+        max_passes = default_fused_max_passes(run_dir_of(args.checkpoint), model.config.max_seq_len)
     kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed, fused_tol=args.fused_tol,
-                  fused_max_passes=args.fused_max_passes, stats=stats)
+                  fused_max_passes=max_passes, stats=stats)
     stream = generate_stream(model, [prompt], args.max_new_tokens, **kwargs)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
     if args.mode == "fused" and args.fused_passes == "auto" and stats:
-        print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes", file=sys.stderr)
+        cut = "" if stats["fused_converged"][0] else (
+            f" (cut off at --fused-max-passes {max_passes} with the states still changing by more than --fused-tol "
+            f"{args.fused_tol}: fused({max_passes}), not the converged prefill)")
+        print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes{cut}", file=sys.stderr)
     sys.stdout.write(args.prompt)
     produced: list[int] = []
     shown = ""
@@ -171,8 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "at most --fused-tol, at most --fused-max-passes (default: 1)")
     p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
                    help=f"--fused-passes auto: largest relative state change to stop at (default: {DEFAULT_FUSED_TOL})")
-    p.add_argument("--fused-max-passes", type=int, default=DEFAULT_FUSED_MAX_PASSES,
-                   help=f"--fused-passes auto: at most this many passes (default: {DEFAULT_FUSED_MAX_PASSES})")
+    p.add_argument("--fused-max-passes", type=int,
+                   help="--fused-passes auto: at most this many passes (default: the model's max_seq_len for a run "
+                   f"trained with train.schedule exact, else {DEFAULT_FUSED_MAX_PASSES})")
     p.add_argument("--max-new-tokens", type=int, default=200, help="default: 200")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")

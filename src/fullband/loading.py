@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fullband.errors import FullbandError
 
@@ -64,6 +64,28 @@ def run_dir_of(path: str | Path) -> Path | None:
         return None
     model_dir = resolve_model_dir(path)
     return model_dir.parents[2] if model_dir.parent.parent.name == "checkpoints" else None
+
+
+def run_config_section(run_dir: Path | None, section: str) -> dict[str, Any]:
+    """One section of the config.yaml of the run the model was trained in ({} if unknown or unreadable)."""
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return {}
+    import yaml
+
+    try:
+        values = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get(section) or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def default_fused_max_passes(run_dir: Path | None, max_seq_len: int) -> int:
+    """fused:auto's cap when --fused-max-passes is not given: the model's context for a run trained with
+    train.schedule exact (its prompts settle only at the exact recurrence's fixed point, after T - 1 fused
+    passes for T tokens), else DEFAULT_FUSED_MAX_PASSES (a map that contracts settles in a few passes)."""
+    from fullband.model import DEFAULT_FUSED_MAX_PASSES
+
+    return max_seq_len if run_config_section(run_dir, "train").get("schedule") == "exact" else DEFAULT_FUSED_MAX_PASSES
 
 
 def _exported_config(path: Path) -> dict | None:

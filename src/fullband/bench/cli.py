@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fullband.errors import ConfigError
-from fullband.loading import load_model, run_dir_of
+from fullband.loading import default_fused_max_passes, load_model, run_config_section, run_dir_of
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -54,32 +54,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _run_section(run_dir: Path | None, section: str) -> dict[str, Any]:
-    """One section of the config.yaml of the run the model was trained in ({} if unknown or unreadable)."""
-    if run_dir is None or not (run_dir / "config.yaml").is_file():
-        return {}
-    import yaml
-
-    try:
-        values = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get(section) or {}
-    except (OSError, yaml.YAMLError, AttributeError):
-        return {}
-    return values if isinstance(values, dict) else {}
-
-
 def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
     """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
-    data = _run_section(run_dir, "data")
+    data = run_config_section(run_dir, "data")
     return {k: data[k] for k in ("seed", "synthetic_val_examples") if isinstance(data.get(k), int)}
-
-
-def default_fused_max_passes(run_dir: Path | None, max_seq_len: int) -> int:
-    """fused:auto's cap when --fused-max-passes is not given: the model's context for a run trained with
-    train.schedule exact (its prompts settle only at the exact recurrence's fixed point, after T - 1 fused
-    passes for T tokens), else DEFAULT_FUSED_MAX_PASSES (a map that contracts settles in a few passes)."""
-    from fullband.model import DEFAULT_FUSED_MAX_PASSES
-
-    return max_seq_len if _run_section(run_dir, "train").get("schedule") == "exact" else DEFAULT_FUSED_MAX_PASSES
 
 
 def _ints(text: str, name: str) -> list[int]:
