@@ -78,14 +78,14 @@ def test_result_equals_fused_k_for_the_reported_k(k):
     # The decode that follows (KV cache of the last pass, carried state) is fused(k*)'s too.
     tokens = generate(model, [PROMPT], 6, mode="fused", fused_passes="auto", fused_tol=tol, fused_max_passes=6,
                       stats=stats)
-    assert stats == {"fused_passes": [k]}
+    assert stats == {"fused_passes": [k], "fused_converged": [True]}
     assert torch.equal(tokens, generate(model, [PROMPT], 6, mode="fused", fused_passes=k))
 
 
 def test_cap_is_respected():
     model = make_model(**FEATURES["mha_bias"])
     out = model.prefill(torch.tensor([PROMPT]), "auto", fused_tol=0.0, fused_max_passes=2)
-    assert out.passes.tolist() == [2]
+    assert out.passes.tolist() == [2] and out.converged.tolist() == [False]
     assert torch.equal(out.hidden, model.prefill(torch.tensor([PROMPT]), 2).hidden)
 
 
