@@ -37,15 +37,7 @@ from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
 from fullband.probe import fit_logistic
-from fullband.state_tracking import answer_correct, encode_batch, task_with_moves
-
-
-def load_saved(path: Path) -> FullBandLM:
-    """A model kept by benchmarks/state_tracking.py (--save-models), in eval mode."""
-    try:
-        return FullBandLM.from_pretrained(path).eval()
-    except (FileNotFoundError, ValueError) as err:  # a half-written or foreign directory: say which
-        raise SystemExit(f"{path}: not a model kept by benchmarks/state_tracking.py ({err})") from err
+from fullband.state_tracking import answer_correct, encode_batch, load_kept_model, task_with_moves
 
 
 def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Example]
@@ -212,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
             if not found:
                 print(f"skip {task} seed {seed}: no {name} under {', '.join(args.runs)}", file=sys.stderr)
                 continue
-            model = load_saved(found[0])
+            model = load_kept_model(found[0])
             curves = drift_curves(model, task, args.train_len, args.multiple, args.rows, args.fit_rows)
             records.append({"task": task, "seed": seed, "label": found[0].parent.name, "model": str(found[0]),
                             "train_len": args.train_len, **curves})

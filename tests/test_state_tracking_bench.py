@@ -20,6 +20,10 @@ DRIFT = Path(__file__).resolve().parents[1] / "benchmarks" / "state_drift.py"
 spec = importlib.util.spec_from_file_location("state_drift", DRIFT)
 drift = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(drift)
+SAME_ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "state_tracking_same_rows.py"
+spec = importlib.util.spec_from_file_location("state_tracking_same_rows", SAME_ROWS)
+same_rows = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(same_rows)
 
 
 def test_labels_cover_the_answer_and_grading_is_exact():
@@ -59,7 +63,7 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
     saved = sorted(p.name for p in (models / "st").iterdir())
     assert saved == ["parity_s0_baseline", "parity_s0_baseline_compute", "parity_s0_fbt"]
     recipe = core.Recipe(train_len=2, eval_rows=4, multiples=(1, 2))
-    assert core.evaluate(drift.load_saved(models / "st" / "parity_s0_fbt"), "parity", recipe,
+    assert core.evaluate(core.load_kept_model(models / "st" / "parity_s0_fbt"), "parity", recipe,
                          ("exact", "plain")) == records[0]["eval"]
     assert [r["model"] for r in records] == ["fbt", "baseline", "baseline_compute"]
     fbt, base, compute = records
@@ -180,3 +184,25 @@ def test_drift_benchmark_quick_reads_saved_models(tmp_path, capsys, single_threa
     with pytest.raises(SystemExit, match="not a model kept"):
         drift.main(["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "s3", "--seeds", "0",
                     "--train-len", "2", "--out", str(out), "--plot", ""])
+
+
+def test_same_rows_regrade_pairs_kept_models_with_the_benchmark_rows(tmp_path, capsys, single_thread):
+    bench = tmp_path / "st.jsonl"
+    st.main(["--quick", "--threads", "1", "--tasks", "parity", "--models", "fbt", "--out", str(bench), "--plot", "",
+             "--save-models", str(tmp_path / "models")])
+    out = tmp_path / "same.jsonl"
+    argv = ["--quick", "--runs", str(tmp_path / "models" / "st"), "--tasks", "parity", "--seeds", "0",
+            "--reference", str(bench), "--out", str(out)]
+    same_rows.main(argv + ["--rows-len", "2"])
+    # graded on the rows of its own L, a kept model reproduces the benchmark's per-row results, so the
+    # paired difference against them is exactly zero
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    graded = json.loads(bench.read_text().splitlines()[0])["eval"]
+    assert record["eval"] == {m: r["exact"] for m, r in graded.items()}
+    table = capsys.readouterr().out
+    assert "| st − reference, same rows | parity | 1 | +0.00 | +0.00 |" in table
+    # on the rows of another L the prompts are other ones, with that L's numbers of moves
+    same_rows.main(argv[:-4] + ["--rows-len", "3", "--out", str(out)])
+    assert "| 3 moves | 6 moves |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="not --rows-len 3"):
+        same_rows.main(argv + ["--rows-len", "3"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -195,6 +196,15 @@ def evaluate_hold(model: FullBandLM, task: str, recipe: Recipe) -> dict[str, str
         correct = answer_correct(sequential_forward(model, ids)[0], labels)
         results[str(m)] = "".join("1" if c else "0" for c in correct.tolist())
     return results
+
+
+def load_kept_model(path: str | Path) -> FullBandLM:
+    """A model kept by benchmarks/state_tracking.py (``--save-models``), in eval mode; a half-written or
+    foreign directory exits with a message that names it."""
+    try:
+        return FullBandLM.from_pretrained(path).eval()
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"{path}: not a model kept by benchmarks/state_tracking.py ({err})") from err
 
 
 def accuracy(bits: str) -> float:
