@@ -185,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=600, help="optimizer steps of fbt and baseline")
     p.add_argument("--grad-passes", type=int, default=0, help="FBT: backpropagate through the last N passes (0 = all)")
     p.add_argument("--curriculum", type=float, default=0.5, help="fraction of steps over which max length grows")
+    p.add_argument("--center-loss", type=float, default=0.0,
+                   help="FBT: weight of the pull of the answer-predicting state towards the mean state of its answer")
     p.add_argument("--eval-rows", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size")
     p.add_argument("--threads", type=int, default=2)
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config(PRESET_DIR / f"{args.preset}.yaml", args.overrides)
     recipe = Recipe(train_len=args.train_len, steps=args.steps, batch_size=args.batch_size or config.train.batch_size,
                     grad_passes=args.grad_passes, curriculum=args.curriculum, eval_rows=args.eval_rows,
-                    multiples=args.multiples)
+                    multiples=args.multiples, center_loss=args.center_loss)
     if not args.summary_only:
         out.parent.mkdir(parents=True, exist_ok=True)
         for task in args.tasks.split(","):
@@ -260,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                     modes = ("exact", "plain") if kind == "fbt" else ("plain",)
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
+                              **({"center_loss": args.center_loss} if args.center_loss else {}),
                               "batch_size": recipe.batch_size, "overrides": args.overrides, "train": info,
                               "eval": evaluate(model, task, recipe, modes)}
                     if kind == "fbt":

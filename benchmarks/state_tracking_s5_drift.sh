@@ -10,6 +10,9 @@
 #   (d) a deeper map per move (model.n_layers=4) and (e) a wider one (model.d_model=128, d_ff=256), 1..8 moves;
 #   (f) 1..32 moves with gradient through the last 8 passes only (--grad-passes 8): the map is trained on the
 #       states its own 32-move iteration reaches, at the backward cost of 8 passes (truncated backpropagation).
+#   (g) a center loss (--center-loss 0.1): the state that predicts the answer is pulled towards the running
+#       mean of that state over rows with the same answer, so one final state is one point however many
+#       moves reached it.
 # Every call resumes (finished task/seed/model triples are skipped):
 #   nohup sh benchmarks/state_tracking_s5_drift.sh > runs/st_s5_drift.log 2>&1 &
 set -e
@@ -20,6 +23,7 @@ run() { $PY benchmarks/state_tracking.py --threads 1 --plot "" --steps 2000 --mo
 run --train-len 16 --out $D/s5_len16_2000.jsonl
 run --set model.feedback_jitter=0.1 --out $D/s5_jitter0.1_2000.jsonl
 run --train-len 32 --out $D/s5_len32_2000.jsonl
+run --center-loss 0.1 --out $D/s5_center0.1_2000.jsonl
 run --set model.n_layers=4 --out $D/s5_layers4_2000.jsonl
 run --set model.d_model=128 --set model.d_ff=256 --out $D/s5_d128_2000.jsonl
 run --train-len 32 --grad-passes 8 --out $D/s5_len32_grad8_2000.jsonl

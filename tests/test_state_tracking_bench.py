@@ -206,3 +206,34 @@ def test_same_rows_regrade_pairs_kept_models_with_the_benchmark_rows(tmp_path, c
     assert "| 3 moves | 6 moves |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="not --rows-len 3"):
         same_rows.main(argv + ["--rows-len", "3"])
+
+
+def test_center_pull_measures_and_moves_the_running_mean_state_of_each_answer():
+    labels = torch.full((3, 4), core.IGNORE)
+    labels[:, 2:] = 7  # position 2 predicts each row's answer
+    hidden = torch.zeros(3, 4, 2, requires_grad=True)
+    states = torch.tensor([[1.0, 0.0], [3.0, 0.0], [5.0, 5.0]])
+    h = hidden + torch.zeros(3, 4, 2).index_put((torch.arange(3), torch.full((3,), 2)), states)
+    centers: dict = {}
+    loss = core.center_pull(h, labels, [" a", " a", " b"], centers)
+    # first sight of each answer: the target is the batch mean, (2, 0) for " a" and the row itself for " b"
+    assert loss.item() == pytest.approx((1 + 1 + 0) / 6)
+    assert centers[" a"].tolist() == [2.0, 0.0] and centers[" b"].tolist() == [5.0, 5.0]
+    loss.backward()  # the target is held fixed: the gradient only moves the rows' own states
+    assert hidden.grad[0, 2].tolist() == pytest.approx([-2 * 1 / 6, 0.0]) and hidden.grad[:, :2].abs().sum() == 0
+    # the next batch is pulled to the running mean, which then moves 10% of the way to the batch's mean
+    later = torch.zeros(1, 4, 2)
+    later[0, 2] = torch.tensor([4.0, 0.0])
+    assert core.center_pull(later, labels[:1], [" a"], centers).item() == pytest.approx(4 / 2)
+    assert centers[" a"].tolist() == pytest.approx([2.2, 0.0])
+
+
+def test_center_loss_option_trains_another_model_and_is_recorded(tmp_path, single_thread):
+    runs = {}
+    for weight in ("0", "1.0"):
+        out = tmp_path / f"c{weight}.jsonl"
+        st.main(["--quick", "--threads", "1", "--tasks", "s3", "--models", "fbt", "--out", str(out), "--plot", "",
+                 "--save-models", str(tmp_path / "models"), "--center-loss", weight])
+        runs[weight] = json.loads(out.read_text().splitlines()[0])
+    assert "center_loss" not in runs["0"] and runs["1.0"]["center_loss"] == 1.0
+    assert runs["0"]["train"]["loss_curve"] != runs["1.0"]["train"]["loss_curve"]

@@ -41,6 +41,10 @@ class Recipe:
     curriculum: float = 0.5  # fraction of the steps over which the longest prompt grows from 2 to L moves
     eval_rows: int = 200
     multiples: tuple[int, ...] = (1, 2, 4, 8)  # test lengths, as multiples of L
+    # FBT: weight of a pull of the state that predicts the answer towards the running mean of that state
+    # over rows with the same answer ("center loss"): the same final state, reached after any number of
+    # moves, is asked to be the same point, so the recurrence has fixed points to map between.
+    center_loss: float = 0.0
 
 
 def encode_batch(examples: list[Example], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,6 +67,22 @@ def answer_correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     graded[:, -2] = False  # the position predicting the newline: the answer ends before it
     right = (logits.argmax(-1) == labels) | ~graded
     return right.all(dim=1)
+
+
+def center_pull(hidden: torch.Tensor, labels: torch.Tensor, answers: list[str], centers: dict[str, torch.Tensor],
+                momentum: float = 0.9) -> torch.Tensor:
+    """Mean squared distance from each row's top state at the position that predicts its answer's first token
+    to the running mean of that state over the rows with the same answer seen so far (a center loss); then
+    moves each answer's mean towards this batch's (momentum ``momentum``). An answer seen for the first time
+    starts at its batch mean."""
+    first = (labels != IGNORE).int().argmax(dim=1)  # label t is token t + 1: this position predicts the answer
+    h = hidden[torch.arange(len(first)), first]  # (B, D)
+    with torch.no_grad():
+        batch_means = {a: h[[i for i, b in enumerate(answers) if b == a]].mean(0) for a in set(answers)}
+        target = torch.stack([centers.get(a, batch_means[a]) for a in answers])
+        for a, mean in batch_means.items():
+            centers[a] = momentum * centers[a] + (1 - momentum) * mean if a in centers else mean
+    return (h - target).pow(2).mean()
 
 
 def curriculum_max(step: int, steps: int, train_len: int, fraction: float) -> int:
@@ -121,6 +141,7 @@ def train_model(
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
     rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
     passes_total, tokens, started, losses = 0, 0, time.perf_counter(), []
+    centers: dict[str, torch.Tensor] = {}
     model.train()
     for step in range(steps):
         lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
@@ -137,14 +158,18 @@ def train_model(
         grad_passes = min(passes, recipe.grad_passes) if recipe.grad_passes > 0 else None
         out = model.multipass(ids, passes, labels=labels, grad_passes=grad_passes, keep_logits=False,
                               later_pass_weight=t.later_pass_weight, pass_loss=pass_loss_at(step, steps, t))
+        loss = out.loss
+        if recipe.center_loss > 0 and kind == "fbt":
+            loss = loss + recipe.center_loss * center_pull(out.hidden[-1], labels, [ex.answer for ex in examples],
+                                                           centers)
         opt.zero_grad(set_to_none=True)
-        out.loss.backward()
+        loss.backward()
         if t.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
         opt.step()
         passes_total += passes
         tokens += ids.numel()
-        losses.append(out.loss.item())
+        losses.append(loss.item())
     model.eval()
     info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
             "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1),
