@@ -25,7 +25,6 @@ seed with the whole curves.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
 from fullband.probe import fit_logistic
-from fullband.state_tracking import answer_correct, encode_batch, load_kept_model, task_with_moves
+from fullband.state_tracking import answer_correct, encode_batch, load_kept_model, task_with_moves, write_analysis
 
 
 def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Example]
@@ -208,12 +207,7 @@ def main(argv: list[str] | None = None) -> None:
             curves = drift_curves(model, task, args.train_len, args.multiple, args.rows, args.fit_rows)
             records.append({"task": task, "seed": seed, "label": found[0].parent.name, "model": str(found[0]),
                             "train_len": args.train_len, **curves})
-    if not records:
-        raise SystemExit("no saved model found; run benchmarks/state_tracking.py first "
-                         "(it keeps them under --save-models)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_analysis(records, args.out)
     print(summarise(records, args.train_len))
     if args.plot:
         print(f"plot: {plot(records, Path(args.plot))}")

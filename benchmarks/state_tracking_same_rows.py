@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fullband.state_tracking import Recipe, accuracy, evaluate, load_kept_model
+from fullband.state_tracking import Recipe, accuracy, evaluate, load_kept_model, write_analysis
 
 
 def reference_rows(path: Path, rows_len: int) -> dict[tuple[str, int], dict[str, str]]:
@@ -94,12 +94,7 @@ def main(argv: list[str] | None = None) -> None:
                 records.append({"label": run.name, "task": task, "seed": seed, "model": str(path),
                                 "rows_train_len": args.rows_len, "eval_rows": args.eval_rows,
                                 "eval": {m: r["exact"] for m, r in grades.items()}})
-    if not records:
-        raise SystemExit("no saved model found; run benchmarks/state_tracking.py first (it keeps them under "
-                         "--save-models)")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_analysis(records, args.out)
     print(summarise(records, reference, args.rows_len, multiples))
 
 

@@ -9,6 +9,7 @@ exact recurrence over the whole prompt (docs/method.md); a baseline runs one pas
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
@@ -230,6 +231,19 @@ def load_kept_model(path: str | Path) -> FullBandLM:
         return FullBandLM.from_pretrained(path).eval()
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"{path}: not a model kept by benchmarks/state_tracking.py ({err})") from err
+
+
+def write_analysis(records: list[dict], path: str | Path) -> None:
+    """The records of an analysis of kept models, one JSON line each, written whole (a temporary file, then
+    renamed); none at all exits with what to run first."""
+    if not records:
+        raise SystemExit("no saved model found; run benchmarks/state_tracking.py first (it keeps them under "
+                         "--save-models)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
 
 
 def accuracy(bits: str) -> float:
