@@ -19,3 +19,5 @@ for task in cycle parity flipflop s3; do
     run --steps 4000 --models fbt --tasks $task --seeds 0 1 2 --out $D/last_gate_init0.2_4000.jsonl
 done
 run --steps 4000 --models fbt --tasks summod --seeds 0 1 --out $D/last_gate_init0.2_4000.jsonl
+# The preset's budget since then (4000 steps): the baseline transformer on the same batches (equal tokens).
+run --steps 4000 --models baseline --tasks parity,cycle,summod,flipflop,s5,s3 --seeds 0 1 2 --out $D/last_gate_init0.2_4000.jsonl

@@ -7,7 +7,8 @@
 # (default parity 0 runs/st_trainer_TASK_sSEED; further arguments go to `fullband train`, e.g. the preset's
 # earlier settings: --train.pass_loss paper --model.gate_init_std none)
 # TASK: parity, summod, flipflop, cycle, s3 or s5 (fullband.data.synthetic.STATE_TRACKING_TASKS).
-# Train data: 130,000 records, 1-2 per window of 33 tokens: the preset's 2000 steps x 32 windows without repeating one.
+# Train data: RECORDS records (default 260,000), 1-2 per window of 33 tokens: the preset's 4000 steps x 32 windows
+# without repeating one (RECORDS=130000 with --train.tokens 2048000: the preset's earlier 2000 steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASK=${1:-parity}
@@ -17,14 +18,14 @@ shift $(( $# < 3 ? $# : 3 ))
 DATA=$OUT.data
 PY=${PYTHON:-.venv/bin/python}
 mkdir -p "$DATA"
-"$PY" - "$DATA" "$TASK" "$SEED" <<'PYTHON'
+"$PY" - "$DATA" "$TASK" "$SEED" "${RECORDS:-260000}" <<'PYTHON'
 import sys
 from pathlib import Path
 
 from fullband.data.synthetic import export_jsonl, state_tracking_task
 
-data, task, seed = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-export_jsonl(state_tracking_task(task, 1, 8), data / "train.jsonl", 130_000, seed=seed)
+data, task, seed, records = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+export_jsonl(state_tracking_task(task, 1, 8), data / "train.jsonl", records, seed=seed)
 for moves in (8, 64):  # the same validation rows for every seed
     export_jsonl(state_tracking_task(task, moves, moves), data / f"val{moves}.jsonl", 200, seed=10_000 + moves)
 PYTHON
