@@ -24,6 +24,6 @@ run --train-len 16 --out $D/s5_len16_2000.jsonl
 run --set model.feedback_jitter=0.1 --out $D/s5_jitter0.1_2000.jsonl
 run --train-len 32 --out $D/s5_len32_2000.jsonl
 run --center-loss 0.1 --out $D/s5_center0.1_2000.jsonl
+run --train-len 32 --grad-passes 8 --out $D/s5_len32_grad8_2000.jsonl
 run --set model.n_layers=4 --out $D/s5_layers4_2000.jsonl
 run --set model.d_model=128 --set model.d_ff=256 --out $D/s5_d128_2000.jsonl
-run --train-len 32 --grad-passes 8 --out $D/s5_len32_grad8_2000.jsonl
