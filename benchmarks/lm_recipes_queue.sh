@@ -12,7 +12,7 @@ run --arms baseline@1.25,baseline@1.5,baseline@2
 run --arms fbt_ramp,fbt_fusion_lr3,fbt_warmup
 run --arms fbt_from0,fbt_from50
 run --arms baseline@2,fbt_from50,baseline@1.5 --seeds 1 2
-# not run yet:
-run --arms fbt_concat,fbt_add,baseline@3
+run --arms fbt_concat,fbt_add
+run --arms baseline@3
 python benchmarks/lm_recipes.py --summary-only --plot-arms fbt,fbt_from0,fbt_from50
 # the 20M-token runs with validation curves: benchmarks/lm_long.sh

@@ -21,3 +21,6 @@ done
 run --steps 4000 --models fbt --tasks summod --seeds 0 1 --out $D/last_gate_init0.2_4000.jsonl
 # The preset's budget since then (4000 steps): the baseline transformer on the same batches (equal tokens).
 run --steps 4000 --models baseline --tasks parity,cycle,summod,flipflop,s5,s3 --seeds 0 1 2 --out $D/last_gate_init0.2_4000.jsonl
+# S5 with both changes that carried it further (docs/results.md, "Against S5's drift"): training prompts of
+# 1..16 moves and the preset's 4000 steps, tested at 16/32/64/128 moves.
+run --steps 4000 --models fbt --tasks s5 --seeds 0 1 2 --train-len 16 --out $D/s5_len16_4000.jsonl
