@@ -24,3 +24,8 @@ run --steps 4000 --models baseline --tasks parity,cycle,summod,flipflop,s5,s3 --
 # S5 with both changes that carried it further (docs/results.md, "Against S5's drift"): training prompts of
 # 1..16 moves and the preset's 4000 steps, tested at 16/32/64/128 moves.
 run --steps 4000 --models fbt --tasks s5 --seeds 0 1 2 --train-len 16 --out $D/s5_len16_4000.jsonl
+# The other tasks the same way (1..16 moves, 4000 steps), and the baseline on the same batches (equal tokens).
+run --steps 4000 --models baseline --tasks parity,cycle,summod,flipflop,s5,s3 --seeds 0 1 2 --train-len 16 --out $D/len16_4000.jsonl
+for seed in 0 1 2; do
+    run --steps 4000 --models fbt --tasks summod,cycle,s3,parity,flipflop --seeds $seed --train-len 16 --out $D/len16_4000.jsonl
+done
