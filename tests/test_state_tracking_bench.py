@@ -107,6 +107,7 @@ def test_k2_kind_trains_with_two_passes_and_full_attention(single_thread):
     model, info = core.train_model("delayed", "fbt", 0, config, recipe)
     assert info["mean_passes"] > 2 and model.config.sliding_window == config.model.sliding_window
     assert len(info["loss_curve"]) == 2  # one mean per step-tenth that holds a step
+    assert len(info["grad_norm_max_curve"]) == 2 and min(info["grad_norm_max_curve"]) > 0
 
 
 def test_probe_benchmark_quick_writes_layer_accuracies(tmp_path, capsys, single_thread):

@@ -141,7 +141,7 @@ def train_model(
     t = config.train
     opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
     rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
-    passes_total, tokens, started, losses = 0, 0, time.perf_counter(), []
+    passes_total, tokens, started, losses, grad_norms = 0, 0, time.perf_counter(), [], []
     centers: dict[str, torch.Tensor] = {}
     model.train()
     for step in range(steps):
@@ -165,8 +165,8 @@ def train_model(
                                                            centers)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if t.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+        # the norm before clipping (inf = no clipping): a spike marks where a recurrence turns unstable
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or float("inf"))))
         opt.step()
         passes_total += passes
         tokens += ids.numel()
@@ -175,7 +175,8 @@ def train_model(
     info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
             "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1),
             # mean training loss over each tenth of the run: did it learn, plateau, or diverge?
-            "loss_curve": [round(sum(c) / len(c), 4) for c in _tenths(losses)]}
+            "loss_curve": [round(sum(c) / len(c), 4) for c in _tenths(losses)],
+            "grad_norm_max_curve": [round(max(c), 3) for c in _tenths(grad_norms)]}
     return model, info
 
 
