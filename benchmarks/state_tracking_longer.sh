@@ -30,3 +30,7 @@ run --steps 4000 --models baseline --tasks parity,cycle,summod,flipflop,s5,s3 --
 for seed in 0 1 2; do
     run --steps 4000 --models fbt --tasks summod,cycle,s3,parity,flipflop --seeds $seed --train-len 16 --out $D/len16_4000.jsonl
 done
+# The baseline at the FBT's token-equivalent compute (4000 x the FBT's mean passes steps), where the equal-token
+# baseline is weakest (S5) and strongest (flip-flop), seed 0.
+run --steps 4000 --models baseline_compute --tasks s5 --seeds 0 --train-len 16 --out $D/s5_len16_4000.jsonl
+run --steps 4000 --models baseline_compute --tasks flipflop --seeds 0 --train-len 16 --out $D/len16_4000.jsonl

@@ -84,6 +84,7 @@ def test_yaml_numbers_without_a_dot_are_accepted():
         ({"train": {"prefix_mixin": 1.5}}, None, "prefix_mixin must lie in"),
         ({"train": {"schedule": "papr"}}, None, "not a known schedule"),
         ({"eval": {"batches": 0}}, None, "eval.batches"),
+        ({"train": {"adam_eps": 0}}, None, "adam_eps=0.0 must be > 0"),
         ({"model": {"d_model": 30, "n_heads": 4}}, None, "invalid model section.*d_model"),
         ({"model": {"fusion": "mul"}}, None, "fusion"),
         ({"data": {"val_fraction": 1.5}}, None, "val_fraction"),

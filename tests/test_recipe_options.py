@@ -349,3 +349,27 @@ def test_first_plus_last_backpropagates_the_plain_and_the_last_pass_alone():
     assert got.keys() == want.keys()
     for name, grad in want.items():
         torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-7)
+
+
+# ---- train.adam_eps ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_adam_eps_damps_steps_on_gradients_below_it(optimizer):
+    """A gradient of 1e-7 everywhere (a loss near 0): the default epsilon still takes a step of about lr,
+    epsilon 1e-5 one about 100 times smaller, on every parameter AdamW updates."""
+    moves = {}
+    for eps in (1e-8, 1e-5):
+        model = make_model()
+        cfg = TrainConfig(optimizer=optimizer, adam_eps=eps, weight_decay=0.0)
+        optimizers = build_optimizers(model, cfg)
+        adam_params = [p for o in optimizers if isinstance(o, torch.optim.AdamW) for g in o.param_groups
+                       for p in g["params"]]
+        before = [p.detach().clone() for p in adam_params]
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e-7)
+        for opt in optimizers:
+            opt.step()
+        moves[eps] = max((p - b).abs().max().item() for p, b in zip(adam_params, before, strict=True))
+    assert moves[1e-8] == pytest.approx(cfg.lr * 1e-7 / (1e-7 + 1e-8), rel=1e-3)
+    assert moves[1e-5] == pytest.approx(cfg.lr * 1e-7 / (1e-7 + 1e-5), rel=1e-3)

@@ -90,6 +90,11 @@ class TrainConfig:
     weight_decay: float = _f(0.1, "decoupled weight decay on matrix parameters")
     beta1: float = _f(0.9, "AdamW beta1")
     beta2: float = _f(0.95, "AdamW beta2")
+    adam_eps: float = _f(
+        1e-8,
+        "AdamW epsilon. At a loss near 0 the gradients shrink below it only if it is large enough; with a tiny "
+        "epsilon Adam still takes full-size steps on their noise (see docs/results.md, state tracking)",
+    )
     lr_schedule: str = _f("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
     warmup_steps: int = _f(20, "linear warmup steps")
     decay_fraction: float = _f(0.25, "wsd: the last fraction of steps decays linearly to min_lr_ratio·lr")
@@ -178,6 +183,8 @@ class RunConfig:
         if not t.fusion_lr_multiplier >= 0 or t.fusion_warmup_steps < 0:
             raise ConfigError(f"train.fusion_lr_multiplier={t.fusion_lr_multiplier} and train.fusion_warmup_steps="
                               f"{t.fusion_warmup_steps} must be >= 0")
+        if not t.adam_eps > 0:
+            raise ConfigError(f"train.adam_eps={t.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps)")
         if t.grad_passes < 0:
             raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:

@@ -139,7 +139,8 @@ def train_model(
     tok = ByteTokenizer()
     model = build_model(config, kind, seed)
     t = config.train
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), weight_decay=t.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.adam_eps,
+                            weight_decay=t.weight_decay)
     rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
     passes_total, tokens, started, losses, grad_norms = 0, 0, time.perf_counter(), [], []
     centers: dict[str, torch.Tensor] = {}

@@ -32,7 +32,7 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> list[torch.optim.Opt
             continue
         is_hidden_matrix = param.ndim == 2 and not name.startswith("embed") and not name.startswith("lm_head")
         (matrices if is_hidden_matrix else others).append(param)
-    adam_kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": 1e-8}
+    adam_kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.adam_eps}
     if cfg.optimizer == "muon":
         muon = torch.optim.Muon(split(matrices, cfg.muon_lr), lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
                                 adjust_lr_fn="match_rms_adamw")
