@@ -18,7 +18,7 @@ argmax given the prompt and the previous answer tokens, i.e. greedy decoding rep
     python benchmarks/state_tracking.py                   # all tasks, seeds 0 1 2 (resumes)
     python benchmarks/state_tracking.py --quick           # tiny, for the test suite
     python benchmarks/state_tracking.py --summary-only    # tables and plot from the JSONL
-    python benchmarks/state_tracking.py --compare paper=A.jsonl last=B.jsonl   # one table across runs
+    python benchmarks/state_tracking.py --compare paper=A.jsonl last=B.jsonl,C.jsonl   # one table across runs
 
 Results append to a JSON-lines file (one line per task, seed and model), so an interrupted run resumes
 where it stopped; the summary (mean ± sd over seeds, paired differences) is printed as markdown.
@@ -105,20 +105,50 @@ def summarise(path: Path) -> str:
     return "\n".join(lines)
 
 
-def compare(files: dict[str, Path]) -> str:
-    """Markdown: one row per task and seed, one column per labelled JSONL file (e.g. one per loss), each cell
-    the FBT's exact-recurrence accuracy at 1× / 2× / … of the training length ("–" where that run is absent)."""
-    runs: dict[tuple[str, int], dict[str, str]] = {}
-    for label, path in files.items():
-        for r in load_records(path):
-            if r["model"] == "fbt":
-                cell = " / ".join(f"{accuracy(r['eval'][m]['exact']):.2f}" for m in r["eval"])
-                runs.setdefault((r["task"], r["seed"]), {})[label] = cell
+def paired_diffs(a: dict, b: dict, multiples: list[str]) -> list[float] | None:
+    """Per multiple, the mean over the same held-out rows of (correct_a − correct_b) of two FBT records'
+    exact recurrence; None when the records were not graded on the same rows (other training length)."""
+    if a["train_len"] != b["train_len"] or any(len(a["eval"][m]["exact"]) != len(b["eval"][m]["exact"])
+                                               for m in multiples):
+        return None
+    return [sum(int(x) - int(y) for x, y in zip(a["eval"][m]["exact"], b["eval"][m]["exact"]))
+            / len(a["eval"][m]["exact"]) for m in multiples]
+
+
+def compare(files: dict[str, list[Path]]) -> str:
+    """Markdown: one row per task and seed, one column per label (its JSONL files read in order, e.g. one
+    label per loss), each cell the FBT's exact-recurrence accuracy at 1× / 2× / … of the training length
+    ("–" where that run is absent); then, per task and per later label, the paired difference from the
+    first label on the same rows (mean ± sd over the seeds both have)."""
+    runs: dict[tuple[str, int], dict[str, dict]] = {}
+    for label, paths in files.items():
+        for path in paths:
+            for r in load_records(path):
+                if r["model"] == "fbt":
+                    runs.setdefault((r["task"], r["seed"]), {})[label] = r
     order = {t: i for i, t in enumerate(STATE_TRACKING_TASKS)}
+    keys = sorted(runs, key=lambda k: (order.get(task_base(k[0]), len(order)), k[0], k[1]))
     lines = ["| task | seed | " + " | ".join(files) + " |", "|---" * (2 + len(files)) + "|"]
-    for task, seed in sorted(runs, key=lambda k: (order.get(task_base(k[0]), len(order)), k[0], k[1])):
-        cells = [runs[task, seed].get(label, "–") for label in files]
+    for task, seed in keys:
+        cells = [" / ".join(f"{accuracy(r['eval'][m]['exact']):.2f}" for m in r["eval"])
+                 if (r := runs[task, seed].get(label)) else "–" for label in files]
         lines.append(f"| {task} | {seed} | " + " | ".join(cells) + " |")
+    first, *later = files
+    paired = []
+    for task in dict.fromkeys(task for task, _ in keys):
+        for label in later:
+            both = [runs[k] for k in keys if k[0] == task and first in runs[k] and label in runs[k]]
+            if not both:
+                continue
+            multiples = list(both[0][first]["eval"])
+            diffs = [paired_diffs(r[label], r[first], multiples) for r in both]
+            if any(d is None for d in diffs):
+                paired.append(f"| {task} | {label} − {first} | {len(both)} | not on the same rows |")
+                continue
+            cells = [mean_sd([d[i] for d in diffs]) for i in range(len(multiples))]
+            paired.append(f"| {task} | {label} − {first} | {len(both)} | " + " / ".join(cells) + " |")
+    if paired:
+        lines += ["", "| task | paired, same rows | seeds | exact: 1× / 2× / … of L |", "|---|---|---|---|", *paired]
     return "\n".join(lines)
 
 
@@ -198,19 +228,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "analyses such as benchmarks/state_drift.py ('' = do not keep them)")
     p.add_argument("--plot", default="docs/state_tracking.png")
     p.add_argument("--summary-only", action="store_true")
-    p.add_argument("--compare", nargs="+", metavar="LABEL=FILE",
+    p.add_argument("--compare", nargs="+", metavar="LABEL=FILE[,FILE...]",
                    help="print one table of the FBT's exact accuracy per task and seed across these JSONL files, "
-                        "one column each (e.g. one file per loss), and exit")
+                        "one column per label (e.g. one per loss), the paired differences from the first label "
+                        "on the same rows, and exit")
     p.add_argument("--quick", action="store_true", help="tiny sizes (seconds), for the test suite")
     args = p.parse_args(argv)
     if args.compare:
         pairs = [item.partition("=") for item in args.compare]
-        if any(not sep or not label for label, sep, _ in pairs):
-            p.error(f"--compare expects LABEL=FILE items, got {args.compare}")
-        missing = [file for _, _, file in pairs if not Path(file).is_file()]
+        if any(not sep or not label or not files for label, sep, files in pairs):
+            p.error(f"--compare expects LABEL=FILE[,FILE...] items, got {args.compare}")
+        args.compare = {label: [Path(f) for f in files.split(",")] for label, _, files in pairs}
+        missing = [str(f) for files in args.compare.values() for f in files if not f.is_file()]
         if missing:
             p.error(f"--compare: no such file(s): {', '.join(missing)}")
-        args.compare = {label: Path(file) for label, _, file in pairs}
     args.multiples = (1, 2, 4, 8)
     if args.quick:
         args.train_len, args.steps, args.eval_rows, args.seeds = 2, 3, 4, args.seeds[:1]

@@ -84,6 +84,22 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
     assert capsys.readouterr().out.splitlines() == [
         "| task | seed | first | second |", "|---|---|---|---|",
         f"| parity | 0 | {cell} | – |", f"| parity | 7 | – | {cell} |"]
+    # Several files per label, and the paired difference on the same rows: the same seed-0 record with
+    # its first row at 1x L graded the other way.
+    flipped = json.loads(json.dumps(fbt))
+    exact = flipped["eval"]["1"]["exact"]
+    flipped["eval"]["1"]["exact"] = ("0" if exact[0] == "1" else "1") + exact[1:]
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(json.dumps(flipped) + "\n")
+    st.main(["--compare", f"first={out},{other}", f"second={changed}"])
+    lines = capsys.readouterr().out.splitlines()
+    assert f"| parity | 7 | {cell} | – |" in lines
+    step = (1 if exact[0] == "0" else -1) / len(exact)
+    assert lines[-1] == f"| parity | second − first | 1 | {step:.2f} / 0.00 |"
+    # Records trained on another length were graded on other rows: no paired difference is made up.
+    changed.write_text(json.dumps({**flipped, "train_len": 3}) + "\n")
+    st.main(["--compare", f"first={out}", f"second={changed}"])
+    assert capsys.readouterr().out.splitlines()[-1] == "| parity | second − first | 1 | not on the same rows |"
     with pytest.raises(SystemExit):
         st.main(["--compare", f"first={tmp_path / 'missing.jsonl'}"])
     assert "--compare: no such file(s)" in capsys.readouterr().err
