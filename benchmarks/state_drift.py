@@ -60,12 +60,17 @@ class Novelty:
 
     def __init__(self, reference: torch.Tensor) -> None:
         self.reference = torch.unique(reference, dim=0)
-        inside = torch.cdist(self.reference, self.reference)
+        inside = self.distances(self.reference)
         inside.fill_diagonal_(float("inf"))
         self.scale = inside.min(1).values.median()
 
+    def distances(self, h: torch.Tensor) -> torch.Tensor:
+        # Not cdist's default matrix-product form (|a|² + |b|² − 2ab): it leaves rounding noise of ~1e-7 on
+        # a state's distance to itself, which depends on the BLAS path and so on the machine.
+        return torch.cdist(h, self.reference, compute_mode="donot_use_mm_for_euclid_dist")
+
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.cdist(h, self.reference).min(1).values / self.scale
+        return self.distances(h).min(1).values / self.scale
 
 
 def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y: torch.Tensor,
