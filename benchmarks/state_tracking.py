@@ -59,6 +59,11 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
+def paired_difference(a: str, b: str) -> float:
+    """The mean over the same rows of (correct_a − correct_b), from two per-row grade strings."""
+    return sum(int(x) - int(y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
 def summarise(path: Path) -> str:
     """Markdown: accuracy mean ± sd over seeds per task, model/mode and length; paired differences."""
     records = load_records(path)
@@ -92,9 +97,8 @@ def summarise(path: Path) -> str:
             cells = []
             for m in multiples:
                 diffs = []
-                for s in common:  # per seed: the mean over the same rows of (correct_a − correct_b)
-                    a, b = fbt[s]["eval"][m][ma], other[s]["eval"][m][mb]
-                    diffs.append(sum(int(x) - int(y) for x, y in zip(a, b)) / len(a))
+                for s in common:  # per seed, on the same rows
+                    diffs.append(paired_difference(fbt[s]["eval"][m][ma], other[s]["eval"][m][mb]))
                 cells.append(mean_sd(diffs))
             lines.append(f"| paired: {label} | {len(common)} | | | " + " | ".join(cells) + " |")
         held = [r for r in rows if r["model"] == "fbt" and r.get("hold")]
@@ -111,8 +115,7 @@ def paired_diffs(a: dict, b: dict, multiples: list[str]) -> list[float] | None:
     if a["train_len"] != b["train_len"] or any(len(a["eval"][m]["exact"]) != len(b["eval"][m]["exact"])
                                                for m in multiples):
         return None
-    return [sum(int(x) - int(y) for x, y in zip(a["eval"][m]["exact"], b["eval"][m]["exact"]))
-            / len(a["eval"][m]["exact"]) for m in multiples]
+    return [paired_difference(a["eval"][m]["exact"], b["eval"][m]["exact"]) for m in multiples]
 
 
 def compare(files: dict[str, list[Path]]) -> str:
