@@ -118,11 +118,19 @@ def paired_diffs(a: dict, b: dict, multiples: list[str]) -> list[float] | None:
     return [paired_difference(a["eval"][m]["exact"], b["eval"][m]["exact"]) for m in multiples]
 
 
+def _compare_cell(record: dict) -> str:
+    """Exact accuracy at 1× / 2× / … of L; the step of the kept model when it is not the last (--keep best)."""
+    cell = " / ".join(f"{accuracy(record['eval'][m]['exact']):.2f}" for m in record["eval"])
+    kept, steps = record["train"].get("kept_step"), record["train"]["steps"]
+    return cell if kept in (None, steps) else f"{cell} (step {kept})"
+
+
 def compare(files: dict[str, list[Path]]) -> str:
     """Markdown: one row per task and seed, one column per label (its JSONL files read in order, e.g. one
     label per loss), each cell the FBT's exact-recurrence accuracy at 1× / 2× / … of the training length
-    ("–" where that run is absent); then, per task and per later label, the paired difference from the
-    first label on the same rows (mean ± sd over the seeds both have)."""
+    ("–" where that run is absent; "(step N)" where --keep best kept an earlier model than the last); then,
+    per task and per later label, the paired difference from the first label on the same rows (mean ± sd
+    over the seeds both have)."""
     runs: dict[tuple[str, int], dict[str, dict]] = {}
     for label, paths in files.items():
         for path in paths:
@@ -133,8 +141,7 @@ def compare(files: dict[str, list[Path]]) -> str:
     keys = sorted(runs, key=lambda k: (order.get(task_base(k[0]), len(order)), k[0], k[1]))
     lines = ["| task | seed | " + " | ".join(files) + " |", "|---" * (2 + len(files)) + "|"]
     for task, seed in keys:
-        cells = [" / ".join(f"{accuracy(r['eval'][m]['exact']):.2f}" for m in r["eval"])
-                 if (r := runs[task, seed].get(label)) else "–" for label in files]
+        cells = [_compare_cell(r) if (r := runs[task, seed].get(label)) else "–" for label in files]
         lines.append(f"| {task} | {seed} | " + " | ".join(cells) + " |")
     first, *later = files
     paired = []
@@ -220,6 +227,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--curriculum", type=float, default=0.5, help="fraction of steps over which max length grows")
     p.add_argument("--center-loss", type=float, default=0.0,
                    help="FBT: weight of the pull of the answer-predicting state towards the mean state of its answer")
+    p.add_argument("--val-every", type=int, default=0,
+                   help="every N steps, grade held-out rows of exactly L moves (loss and accuracy; 0 = never)")
+    p.add_argument("--keep", choices=("last", "best"), default="last",
+                   help="the model to test: the last step's, or the one with the lowest validation loss")
     p.add_argument("--eval-rows", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=None, help="default: the preset's train.batch_size")
     p.add_argument("--threads", type=int, default=2)
@@ -259,6 +270,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown task(s) {sorted(unknown)}; choose from {', '.join(STATE_TRACKING_TASKS)} "
                 "(a variant: NAME:KEY=VALUE;KEY=VALUE, e.g. cycle:size=3)")
+    if args.keep == "best" and args.val_every <= 0:
+        p.error("--keep best needs --val-every N > 0 (the validations to choose from)")
     if set(args.models.split(",")) - set(MODELS):
         p.error(f"--models: choose from {', '.join(MODELS)}")
     return args
@@ -274,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     config = load_config(PRESET_DIR / f"{args.preset}.yaml", args.overrides)
     recipe = Recipe(train_len=args.train_len, steps=args.steps, batch_size=args.batch_size or config.train.batch_size,
                     grad_passes=args.grad_passes, curriculum=args.curriculum, eval_rows=args.eval_rows,
-                    multiples=args.multiples, center_loss=args.center_loss)
+                    multiples=args.multiples, center_loss=args.center_loss, val_every=args.val_every,
+                    keep=args.keep)
     if not args.summary_only:
         out.parent.mkdir(parents=True, exist_ok=True)
         for task in args.tasks.split(","):
@@ -297,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
                               **({"center_loss": args.center_loss} if args.center_loss else {}),
+                              **({"val_every": args.val_every, "keep": args.keep} if args.val_every else {}),
                               "batch_size": recipe.batch_size, "overrides": args.overrides, "train": info,
                               "eval": evaluate(model, task, recipe, modes)}
                     if kind == "fbt":

@@ -77,13 +77,14 @@ def test_quick_run_writes_records_summary_and_resumes(tmp_path, capsys, single_t
 
     # --compare: one row per task and seed, one column per file; "–" where a file lacks that run.
     other = tmp_path / "other.jsonl"
-    other.write_text(json.dumps({**fbt, "seed": 7}) + "\n")
+    kept_early = {**fbt, "seed": 8, "train": {**fbt["train"], "kept_step": 1}}  # --keep best kept step 1's model
+    other.write_text(json.dumps({**fbt, "seed": 7}) + "\n" + json.dumps(kept_early) + "\n")
     capsys.readouterr()
     st.main(["--compare", f"first={out}", f"second={other}"])
     cell = " / ".join(f"{st.accuracy(fbt['eval'][m]['exact']):.2f}" for m in fbt["eval"])
     assert capsys.readouterr().out.splitlines() == [
         "| task | seed | first | second |", "|---|---|---|---|",
-        f"| parity | 0 | {cell} | – |", f"| parity | 7 | – | {cell} |"]
+        f"| parity | 0 | {cell} | – |", f"| parity | 7 | – | {cell} |", f"| parity | 8 | – | {cell} (step 1) |"]
     # Several files per label, and the paired difference on the same rows: the same seed-0 record with
     # its first row at 1x L graded the other way.
     flipped = json.loads(json.dumps(fbt))
@@ -257,3 +258,24 @@ def test_center_loss_option_trains_another_model_and_is_recorded(tmp_path, singl
     weights = {w: core.load_kept_model(tmp_path / "models" / f"c{w}" / "s3_s0_fbt").state_dict() for w in runs}
     assert weights["0"].keys() == weights["1.0"].keys()
     assert any(not torch.equal(weights["0"][k], weights["1.0"][k]) for k in weights["0"])
+
+
+def test_validation_leaves_training_unchanged_and_best_keeps_the_lowest_loss(single_thread):
+    # a learning rate large enough that the validation loss rises again after step 2
+    config = st.load_config(st.PRESET_DIR / "state-tracking.yaml", {"train.lr": "0.5", "train.warmup_steps": "1"})
+    plain = core.Recipe(train_len=2, steps=6, eval_rows=8, multiples=(1,))
+    last, info = core.train_model("parity", "fbt", 0, config, plain)
+    assert "val_curve" not in info
+    watched = core.Recipe(train_len=2, steps=6, eval_rows=8, multiples=(1,), val_every=2)
+    same, watched_info = core.train_model("parity", "fbt", 0, config, watched)
+    # the validations draw no random numbers the training uses: the same weights, step for step
+    assert all(torch.equal(a, b) for a, b in zip(last.state_dict().values(), same.state_dict().values()))
+    assert [v[0] for v in watched_info["val_curve"]] == [2, 4, 6] and watched_info["kept_step"] == 6
+    best = core.Recipe(train_len=2, steps=6, eval_rows=8, multiples=(1,), val_every=2, keep="best")
+    kept, best_info = core.train_model("parity", "fbt", 0, config, best)
+    assert best_info["val_curve"] == watched_info["val_curve"]
+    losses = {step: loss for step, loss, _ in best_info["val_curve"]}
+    assert best_info["kept_step"] == max(s for s in losses if losses[s] == min(losses.values())) < 6
+    assert core.validate(kept, "parity", "fbt", best)[0] == pytest.approx(min(losses.values()), abs=1e-5)
+    with pytest.raises(ValueError, match="val_every"):
+        core.Recipe(keep="best")

@@ -110,6 +110,11 @@ class TrainConfig:
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only at the end)")
     ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
+    keep_best: str = _f(
+        "",
+        "keep the model of the lowest validation loss of this name ('standard', 'fused(N)' or 'sequential') in "
+        "OUT_DIR/best (needs eval_every; the last one on ties); '' = off",
+    )
     max_bad_steps: int = _f(5, "stop after this many consecutive steps with a NaN/inf loss")
     stop_after_steps: int = _f(
         0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end"
@@ -194,6 +199,15 @@ class RunConfig:
                               "steps; 0 = no curriculum)")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
             raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
+        if t.keep_best:
+            reported = ["standard", *(f"fused({k})" for k in range(1, self.eval.fused_passes + 1))]
+            reported += ["sequential"] if self.eval.sequential else []
+            if t.keep_best not in reported:
+                raise ConfigError(f"train.keep_best={t.keep_best!r} is not a validation loss this config reports; "
+                                  f"choose from {', '.join(reported)} (eval.fused_passes and eval.sequential set them)")
+            if t.eval_every < 1:
+                raise ConfigError("train.keep_best needs train.eval_every >= 1: the best model is chosen among the "
+                                  "evaluations made during training")
         from fullband.train.schedule import EXACT, PassSchedule
 
         PassSchedule.parse(t.schedule)

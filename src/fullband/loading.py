@@ -57,13 +57,18 @@ def load_model(
 
 
 def run_dir_of(path: str | Path) -> Path | None:
-    """The training run a run directory or checkpoint belongs to (RUN/checkpoints/STEP/model), else None."""
-    from fullband.train.checkpoint import resolve_model_dir
+    """The training run a run directory, checkpoint (RUN/checkpoints/STEP/model) or best model (RUN/best/model,
+    ``train.keep_best``) belongs to, else None."""
+    from fullband.train.checkpoint import BEST, resolve_model_dir
 
     if _exported_config(Path(path)) is not None:
         return None
     model_dir = resolve_model_dir(path)
-    return model_dir.parents[2] if model_dir.parent.parent.name == "checkpoints" else None
+    if model_dir.parent.parent.name == "checkpoints":
+        return model_dir.parents[2]
+    if model_dir.parent.name == BEST and (model_dir.parents[1] / "config.yaml").is_file():
+        return model_dir.parents[1]
+    return None
 
 
 def run_config_section(run_dir: Path | None, section: str) -> dict[str, Any]:
@@ -141,14 +146,18 @@ def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def default_data_dir(model_dir: Path) -> Path:
-    """The dataset a training checkpoint was trained on (recorded in its trainer state), else RUN/data."""
-    try:
-        recorded = json.loads((model_dir.parent / "trainer_state.json").read_text()).get("data_dir")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
+    """The dataset a training checkpoint (or a run's best model) was trained on, as recorded in its trainer
+    state (best.json), else RUN/data."""
+    recorded = None
+    for state in ("trainer_state.json", "best.json"):
+        try:
+            recorded = recorded or json.loads((model_dir.parent / state).read_text()).get("data_dir")
+        except (OSError, ValueError, AttributeError):
+            pass
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
-    return model_dir.parent.parent.parent / "data"
+    run = run_dir_of(model_dir)
+    return (run if run is not None else model_dir.parent.parent.parent) / "data"
 
 
 def load_model_and_data(

@@ -9,6 +9,7 @@ exact recurrence over the whole prompt (docs/method.md); a baseline runs one pas
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import time
@@ -46,6 +47,18 @@ class Recipe:
     # over rows with the same answer ("center loss"): the same final state, reached after any number of
     # moves, is asked to be the same point, so the recurrence has fixed points to map between.
     center_loss: float = 0.0
+    # Every `val_every` steps, grade `eval_rows` held-out rows of exactly L moves (the longest trained length,
+    # no longer) with the model's own recurrence; 0 = never. keep="best" returns the model of the
+    # evaluation with the lowest validation loss (the last one on ties) instead of the last step's: a run
+    # whose loss reaches 0 and later jumps back (Adam's slingshot) keeps what it had learnt.
+    val_every: int = 0
+    keep: str = "last"
+
+    def __post_init__(self) -> None:
+        if self.keep not in ("last", "best"):
+            raise ValueError(f"keep must be 'last' or 'best', got {self.keep!r}")
+        if self.keep == "best" and self.val_every <= 0:
+            raise ValueError("keep='best' needs val_every > 0 (validation steps to choose from)")
 
 
 def encode_batch(examples: list[Example], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +157,8 @@ def train_model(
     rng = random.Random(f"{task}:{seed}")  # the same batches for every model of a seed
     passes_total, tokens, started, losses, grad_norms = 0, 0, time.perf_counter(), [], []
     centers: dict[str, torch.Tensor] = {}
+    val_curve: list[list[float]] = []
+    best: tuple[float, int, dict] | None = None  # (validation loss, step, weights)
     model.train()
     for step in range(steps):
         lr = t.lr * min(1.0, (step + 1) / max(1, t.warmup_steps))
@@ -172,13 +187,42 @@ def train_model(
         passes_total += passes
         tokens += ids.numel()
         losses.append(loss.item())
+        if recipe.val_every > 0 and ((step + 1) % recipe.val_every == 0 or step + 1 == steps):
+            val_loss, val_acc = validate(model, task, kind, recipe)
+            val_curve.append([step + 1, round(val_loss, 5), val_acc])
+            if recipe.keep == "best" and (best is None or val_loss <= best[0]):
+                best = (val_loss, step + 1, copy.deepcopy(model.state_dict()))
     model.eval()
+    kept_step = steps
+    if best is not None and best[1] != steps:
+        model.load_state_dict(best[2])
+        kept_step = best[1]
     info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
             "compute_tokens": tokens * passes_total / steps, "train_seconds": round(time.perf_counter() - started, 1),
             # mean training loss over each tenth of the run: did it learn, plateau, or diverge?
             "loss_curve": [round(sum(c) / len(c), 4) for c in _tenths(losses)],
             "grad_norm_max_curve": [round(max(c), 3) for c in _tenths(grad_norms)]}
+    if val_curve:  # [step, validation loss, validation accuracy] per evaluation; the step whose model is returned
+        info |= {"val_curve": val_curve, "kept_step": kept_step}
     return model, info
+
+
+def validation_rows(task: str, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-out rows of exactly L moves, none of them a test row (other seeds than `evaluate`'s)."""
+    examples = synthetic_examples(task_with_moves(task, recipe.train_len), recipe.eval_rows, 20_000)
+    return encode_batch(examples, ByteTokenizer())
+
+
+@torch.no_grad()
+def validate(model: FullBandLM, task: str, kind: str, recipe: Recipe) -> tuple[float, float]:
+    """(loss on the answer tokens, exact-match accuracy) of the validation rows, graded the way the model
+    is used: an FBT by its exact recurrence, a baseline by one pass. Leaves the model in train mode."""
+    ids, labels = validation_rows(task, recipe)
+    model.eval()
+    logits = sequential_forward(model, ids)[0] if KINDS[kind][1] != 1 else model(ids).logits
+    model.train()
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
+    return loss.item(), accuracy("".join("1" if c else "0" for c in answer_correct(logits, labels).tolist()))
 
 
 def _tenths(values: list[float]) -> list[list[float]]:

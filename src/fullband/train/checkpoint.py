@@ -7,6 +7,9 @@ Layout of ``RUN/checkpoints/step_00000100/``::
     optimizer.pt, rng.pt      (tensors and plain values only: loaded with weights_only=True)
     trainer_state.json        (step, tokens, loader position, counters)
     manifest.json             (written last: every file's size and sha256)
+
+With ``train.keep_best``, ``RUN/best/`` holds the model of the best validation so far the same way
+(model/, best.json, manifest.json): ``fullband bench RUN/best`` loads it.
 """
 
 from __future__ import annotations
@@ -54,11 +57,27 @@ def write_checkpoint(
     keep: int,
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones."""
-    from safetensors.torch import save_file
-
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
+    _write_model_dir(tmp, model_state, model_config, tokenizer_dir)
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+    _seal(tmp, step)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor], model_config: Any,
+                     tokenizer_dir: Path | None) -> None:
+    """A fresh ``tmp/model/``: weights, config and tokenizer, a loadable model directory."""
+    from safetensors.torch import save_file
+
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "model").mkdir(parents=True)
@@ -68,9 +87,10 @@ def write_checkpoint(
     model_config.save(tmp / "model" / "config.json")
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "model" / "tokenizer")
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+
+
+def _seal(tmp: Path, step: int) -> None:
+    """The manifest, written last, then everything flushed to disk: only now may ``tmp`` be renamed."""
     files = {
         str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
         for p in sorted(tmp.rglob("*"))
@@ -78,12 +98,38 @@ def write_checkpoint(
     }
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2))
     _fsync_tree(tmp)
+
+
+BEST = "best"
+
+
+def write_best(run_dir: Path, model_state: dict[str, torch.Tensor], model_config: Any, tokenizer_dir: Path | None,
+               record: dict[str, Any]) -> Path:
+    """Replace ``RUN/best/`` (the model of the best validation so far: model/, best.json with its step and
+    loss, manifest.json) atomically; a crash leaves the previous best or none, never a mixture."""
+    final, tmp, old = run_dir / BEST, run_dir / f".tmp-{BEST}", run_dir / f".old-{BEST}"
+    _write_model_dir(tmp, model_state, model_config, tokenizer_dir)
+    (tmp / "best.json").write_text(json.dumps(record, indent=2))
+    _seal(tmp, record["step"])
+    if old.exists():
+        shutil.rmtree(old)
     if final.exists():
-        shutil.rmtree(final)
+        os.replace(final, old)
     os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def read_best(run_dir: Path) -> dict[str, Any] | None:
+    """best.json of ``RUN/best/`` if it is complete (verified), else None."""
+    path = run_dir / BEST
+    if not path.is_dir():
+        return None
+    try:
+        verify_checkpoint(path)
+        return json.loads((path / "best.json").read_text())
+    except (CheckpointError, OSError, json.JSONDecodeError):
+        return None
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

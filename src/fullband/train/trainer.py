@@ -33,9 +33,11 @@ from fullband.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from fullband.train.checkpoint import (
     latest_valid_checkpoint,
     list_checkpoints,
+    read_best,
     read_checkpoint,
     resolve_model_dir,
     verify_checkpoint,
+    write_best,
     write_checkpoint,
 )
 from fullband.train.feedback import fusion_warming_up, later_pass_weight_at, pass_loss_at
@@ -61,6 +63,7 @@ class TrainResult:
     skipped_steps: int
     finished: bool  # False when stopped by train.stop_after_steps
     final_eval: EvalResult | None
+    best: dict | None = None  # train.keep_best: {"step", "loss_name", "loss", "data_dir"} of OUT_DIR/best
 
 
 class MultipassObjective(nn.Module):
@@ -284,15 +287,16 @@ class Trainer:
     # ---- state -----------------------------------------------------------------------------------
 
     def _state_dicts(self, model, optimizers):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = get_model_state_dict(model, options=options)
-        return model_state, get_optimizer_state_dict(model, optimizers, options=options)
+        return self._model_state(model), get_optimizer_state_dict(model, optimizers, options=options)
+
+    def _model_state(self, model) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights on the CPU; a collective under FSDP, so every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def _load_state(self, model, optimizers, checkpoint: Path) -> dict:
         from safetensors.torch import load_file
@@ -378,6 +382,12 @@ class Trainer:
                 self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
         if step == 0:
             self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
+        # The best model so far; one chosen after the checkpoint we resume from is chosen again, identically.
+        best = read_best(self.out_dir) if t.keep_best else None
+        if best is not None and (best["step"] > step or best.get("loss_name") != t.keep_best):
+            best = None
+        if t.keep_best and best is None and self.is_main:
+            shutil.rmtree(self.out_dir / "best", ignore_errors=True)
 
         metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
         writer = self._tensorboard()
@@ -467,7 +477,8 @@ class Trainer:
                         "lower train.lr, raise train.warmup_steps or enable train.z_loss, then --resume."
                     )
                 if t.eval_every and step % t.eval_every == 0 and step < total_steps:
-                    self._evaluate(model, dataset, step, tokens, autocast, writer)
+                    result = self._evaluate(model, dataset, step, tokens, autocast, writer)
+                    best = self._keep_if_best(model, result, step, best, dataset)
                 stop_now = t.stop_after_steps and step - start_step >= t.stop_after_steps
                 if (t.ckpt_every and step % t.ckpt_every == 0) or step == total_steps or stop_now:
                     state = {"step": step, "tokens": tokens, "compute_tokens": compute_tokens,
@@ -478,6 +489,10 @@ class Trainer:
                     break
             if step == total_steps:
                 final_eval = self._evaluate(model, dataset, step, tokens, autocast, writer)
+                best = self._keep_if_best(model, final_eval, step, best, dataset)
+                if best is not None:
+                    self._log(f"best validation {best['loss_name']} loss {best['loss']:.4f} at step {best['step']}: "
+                              f"{self.out_dir / 'best'}")
         finally:
             if progress is not None:
                 progress.close()
@@ -485,7 +500,7 @@ class Trainer:
                 metrics.close()
             if writer is not None:
                 writer.close()
-        return TrainResult(self.out_dir, step, tokens, compute_tokens, skipped, step == total_steps, final_eval)
+        return TrainResult(self.out_dir, step, tokens, compute_tokens, skipped, step == total_steps, final_eval, best)
 
     def _finished_run(self) -> TrainResult | None:
         """The summary of a run that already trained its whole token budget and evaluated at its end, else None.
@@ -516,7 +531,7 @@ class Trainer:
         evaluation = EvalResult(tokens=record["tokens"], loss=record["loss"], jacobi_delta=record["jacobi_delta"],
                                 sequential_gap=record["sequential_gap"])
         return TrainResult(self.out_dir, state["step"], state["tokens"], state["compute_tokens"],
-                           state["skipped_steps"], True, evaluation)
+                           state["skipped_steps"], True, evaluation, read_best(self.out_dir) if t.keep_best else None)
 
     # ---- pieces of the loop ----------------------------------------------------------------------
 
@@ -558,6 +573,19 @@ class Trainer:
             losses = ", ".join(f"{k} {v:.4f}" for k, v in result.loss.items())
             self._log(f"eval @ step {step}: {losses}")
         return result
+
+    def _keep_if_best(self, model, result: EvalResult, step: int, best: dict | None, dataset) -> dict | None:
+        """train.keep_best: write OUT_DIR/best when this evaluation's loss is the lowest so far (or ties it)."""
+        name = self.train_cfg.keep_best
+        loss = result.loss.get(name, math.nan)  # absent: an empty validation split
+        if not name or not math.isfinite(loss) or (best is not None and loss > best["loss"]):
+            return best
+        record = {"step": step, "loss_name": name, "loss": loss, "data_dir": str(dataset.path.resolve())}
+        model_state = self._model_state(model)
+        if self.is_main:
+            write_best(self.out_dir, model_state, self.cfg.model, dataset.path / "tokenizer", record)
+        self._barrier()
+        return record
 
     def _save(self, model, optimizers, state, dataset) -> None:
         model_state, optimizer_state = self._state_dicts(model, optimizers)
