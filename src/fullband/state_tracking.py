@@ -189,7 +189,7 @@ def train_model(
         losses.append(loss.item())
         if recipe.val_every > 0 and ((step + 1) % recipe.val_every == 0 or step + 1 == steps):
             val_loss, val_acc = validate(model, task, kind, recipe)
-            val_curve.append([step + 1, round(val_loss, 5), val_acc])
+            val_curve.append([step + 1, float(f"{val_loss:.4g}"), val_acc])
             if recipe.keep == "best" and (best is None or val_loss <= best[0]):
                 best = (val_loss, step + 1, copy.deepcopy(model.state_dict()))
     model.eval()
