@@ -3,7 +3,7 @@
 # each batch needs) run through the real trainer: `fullband train --config state-tracking` on exported
 # records of 1..MOVES moves of a state-tracking task (MOVES=8 unless set), then exact-match accuracy at MOVES and
 # 8 x MOVES moves in standard mode (one plain pass) and fused:auto (run to the exact recurrence, up to 1024
-# passes, no tolerance).
+# passes, no tolerance), of OUT_DIR/best (the preset's model of the best validation) or, without one, the last.
 #   bash benchmarks/state_tracking_trainer.sh [TASK] [SEED] [OUT_DIR] [TRAIN OPTIONS...]
 # (default parity 0 runs/st_trainer_TASK_sSEED; further arguments go to `fullband train`, e.g. the preset's
 # earlier settings: --train.pass_loss paper --model.gate_init_std none)
@@ -36,9 +36,11 @@ start=$(date +%s)
 "$PY" -m fullband train --config state-tracking --data.source "$DATA/train.jsonl" --out-dir "$OUT" \
     --train.seed "$SEED" --train.progress false --train.log_every 50 "$@"
 echo "train: $(( $(date +%s) - start )) s"
+MODEL=$OUT  # the last checkpoint; the preset's best-validation model where the run kept one (train.keep_best)
+if [ -d "$OUT/best" ]; then MODEL=$OUT/best; fi
 for moves in "$MOVES" $(( 8 * MOVES )); do
     start=$(date +%s)
-    "$PY" -m fullband bench "$OUT" --task "jsonl:$DATA/val$moves.jsonl" --modes standard,fused:auto \
+    "$PY" -m fullband bench "$MODEL" --task "jsonl:$DATA/val$moves.jsonl" --modes standard,fused:auto \
         --fused-max-passes 1024 --fused-tol 0 --out "$OUT/bench$moves" --no-progress --no-plots
     echo "bench $moves moves: $(( $(date +%s) - start )) s"  # the table above is $OUT/bench$moves/results.md
 done

@@ -89,3 +89,29 @@ def test_a_half_written_best_is_not_read(tmp_path, parity_data):
 def test_bad_keep_best_is_refused(train_section, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tiny_config(train=train_section)
+
+
+def test_state_tracking_preset_keeps_its_best_model_and_bench_grades_it(tmp_path, capsys):
+    """`fullband train --config state-tracking` on exported records, then `fullband bench RUN/best`: the preset's
+    kept model is graded with fused:auto run to the exact recurrence (the run's schedule sets the cap)."""
+    from fullband.cli import main
+    from fullband.data.synthetic import export_jsonl, state_tracking_task
+
+    train_file = export_jsonl(state_tracking_task("parity", 1, 4), tmp_path / "train.jsonl", 300, seed=0)
+    val_file = export_jsonl(state_tracking_task("parity", 4, 4), tmp_path / "val.jsonl", 6, seed=1)
+    run = tmp_path / "run"
+    assert main(["train", "--config", "state-tracking", "--data.source", str(train_file), "--out-dir", str(run),
+                 "--train.tokens", str(6 * 32 * 32), "--train.eval_every", "2", "--train.progress", "false",
+                 "--train.device", "cpu"]) == 0
+    best = read_best(run)
+    assert best["loss_name"] == "sequential" and best["step"] in (2, 4, 6)
+    evals = {r["step"]: r["loss"]["sequential"] for r in map(json.loads, (run / "eval.jsonl").read_text().splitlines())}
+    assert best["loss"] == min(evals.values())
+    capsys.readouterr()
+    assert main(["bench", str(run / "best"), "--task", f"jsonl:{val_file}", "--modes", "standard,fused:auto",
+                 "--out", str(tmp_path / "bench"), "--no-progress", "--no-plots"]) == 0
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())["results"][f"jsonl:{val_file}"]
+    auto = results["fused:auto"]["0.0"]
+    assert auto["problems"] == 6 and 0 <= auto["accuracy"] <= 1
+    # prompts of 4 moves are 14 tokens: run to the exact recurrence, not stopped at the default cap of 8
+    assert auto["mean_fused_passes"] > 8
