@@ -214,6 +214,47 @@ def plot(path: Path, out: Path) -> Path | None:
     return out
 
 
+def plot_validation(path: Path, out: Path) -> Path | None:
+    """One panel per task: the validation accuracy of every run that validated (--val-every) against the
+    step, one line per seed, a dot at the step of the kept model."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
+        return None
+    records = [r for r in load_records(path) if r["train"].get("val_curve")]
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    if not tasks:
+        print(f"{path}: no run with a validation curve (--val-every): no plot", file=sys.stderr)
+        return None
+    cols = min(3, len(tasks))
+    rows_n = (len(tasks) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.0 * rows_n), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        runs = sorted((r for r in records if r["task"] == task), key=lambda r: r["seed"])
+        for r in runs:
+            steps, _, accs = zip(*r["train"]["val_curve"])
+            (line,) = ax.plot(steps, accs, lw=1.2, label=f"seed {r['seed']}")
+            kept = r["train"]["kept_step"]
+            ax.plot([kept], [accs[steps.index(kept)]], "o", color=line.get_color())
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{task}: validation on {runs[0]['train_len']} moves", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("exact-match accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", default=",".join(STATE_TRACKING_TASKS),
@@ -241,6 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="keep each trained model (save_pretrained) in DIR/<out name>/<task>_s<seed>_<model>/, for "
                         "analyses such as benchmarks/state_drift.py ('' = do not keep them)")
     p.add_argument("--plot", default="docs/state_tracking.png")
+    p.add_argument("--val-plot", default="", metavar="PNG",
+                   help="also plot the validation accuracy against the step of the runs that validated (--val-every)")
     p.add_argument("--summary-only", action="store_true")
     p.add_argument("--compare", nargs="+", metavar="LABEL=FILE[,FILE...]",
                    help="print one table of the FBT's exact accuracy per task and seed across these JSONL files, "
@@ -325,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
     print(summarise(out))
     if args.plot:
         print(f"\nplot: {plot(out, Path(args.plot))}")
+    if args.val_plot:
+        print(f"validation plot: {plot_validation(out, Path(args.val_plot))}")
 
 
 if __name__ == "__main__":

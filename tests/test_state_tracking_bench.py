@@ -279,3 +279,14 @@ def test_validation_leaves_training_unchanged_and_best_keeps_the_lowest_loss(sin
     assert core.validate(kept, "parity", "fbt", best)[0] == pytest.approx(min(losses.values()), rel=1e-3)
     with pytest.raises(ValueError, match="val_every"):
         core.Recipe(keep="best")
+
+
+def test_benchmark_keeps_best_and_plots_validation(tmp_path, single_thread):
+    out, png = tmp_path / "st.jsonl", tmp_path / "val.png"
+    st.main(["--quick", "--tasks", "cycle", "--models", "fbt", "--val-every", "1", "--keep", "best", "--out", str(out),
+             "--save-models", "", "--plot", "", "--val-plot", str(png)])
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["keep"] == "best" and len(record["train"]["val_curve"]) == record["train"]["steps"]
+    assert png.stat().st_size > 0
+    with pytest.raises(SystemExit):
+        st.main(["--quick", "--keep", "best", "--out", str(out)])  # nothing to choose from
