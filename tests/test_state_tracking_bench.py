@@ -276,7 +276,8 @@ def test_validation_leaves_training_unchanged_and_best_keeps_the_lowest_loss(sin
     assert best_info["val_curve"] == watched_info["val_curve"]
     losses = {step: loss for step, loss, _ in best_info["val_curve"]}
     assert best_info["kept_step"] == max(s for s in losses if losses[s] == min(losses.values())) < 6
-    assert core.validate(kept, "parity", "fbt", best)[0] == pytest.approx(min(losses.values()), rel=1e-3)
+    kept_loss = core.validate(kept, "fbt", *core.validation_rows("parity", best))[0]
+    assert kept_loss == pytest.approx(min(losses.values()), rel=1e-3)
     with pytest.raises(ValueError, match="val_every"):
         core.Recipe(keep="best")
 

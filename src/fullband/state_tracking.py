@@ -158,6 +158,7 @@ def train_model(
     passes_total, tokens, started, losses, grad_norms = 0, 0, time.perf_counter(), [], []
     centers: dict[str, torch.Tensor] = {}
     val_curve: list[list[float]] = []
+    val_ids, val_labels = validation_rows(task, recipe) if recipe.val_every > 0 else (None, None)
     best: tuple[float, int, dict] | None = None  # (validation loss, step, weights)
     model.train()
     for step in range(steps):
@@ -188,7 +189,7 @@ def train_model(
         tokens += ids.numel()
         losses.append(loss.item())
         if recipe.val_every > 0 and ((step + 1) % recipe.val_every == 0 or step + 1 == steps):
-            val_loss, val_acc = validate(model, task, kind, recipe)
+            val_loss, val_acc = validate(model, kind, val_ids, val_labels)
             val_curve.append([step + 1, float(f"{val_loss:.4g}"), val_acc])
             if recipe.keep == "best" and (best is None or val_loss <= best[0]):
                 best = (val_loss, step + 1, copy.deepcopy(model.state_dict()))
@@ -214,15 +215,14 @@ def validation_rows(task: str, recipe: Recipe) -> tuple[torch.Tensor, torch.Tens
 
 
 @torch.no_grad()
-def validate(model: FullBandLM, task: str, kind: str, recipe: Recipe) -> tuple[float, float]:
-    """(loss on the answer tokens, exact-match accuracy) of the validation rows, graded the way the model
-    is used: an FBT by its exact recurrence, a baseline by one pass. Leaves the model in train mode."""
-    ids, labels = validation_rows(task, recipe)
+def validate(model: FullBandLM, kind: str, ids: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """(loss on the answer tokens, exact-match accuracy) of validation rows (``validation_rows``), graded the
+    way the model is used: an FBT by its exact recurrence, a baseline by one pass. Leaves it in train mode."""
     model.eval()
     logits = sequential_forward(model, ids)[0] if KINDS[kind][1] != 1 else model(ids).logits
     model.train()
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE)
-    return loss.item(), accuracy("".join("1" if c else "0" for c in answer_correct(logits, labels).tolist()))
+    return loss.item(), answer_correct(logits, labels).float().mean().item()
 
 
 def _tenths(values: list[float]) -> list[list[float]]:

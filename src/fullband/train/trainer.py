@@ -384,7 +384,7 @@ class Trainer:
             self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
         # The best model so far; one chosen after the checkpoint we resume from is chosen again, identically.
         best = read_best(self.out_dir) if t.keep_best else None
-        if best is not None and (best["step"] > step or best.get("loss_name") != t.keep_best):
+        if best is not None and best["step"] > step:
             best = None
         if t.keep_best and best is None and self.is_main:
             shutil.rmtree(self.out_dir / "best", ignore_errors=True)
