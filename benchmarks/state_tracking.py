@@ -11,6 +11,9 @@ Models, all with the architecture of the `state-tracking` preset:
   baseline          one pass, full attention, same steps and tokens
   baseline_compute  as baseline, trained for as many steps as the FBT's token-equivalent compute
                     (tokens × mean passes)
+  baseline_window   (only with --models) one pass with the FBT's own short attention window, same steps
+                    and tokens: the same architecture without the feedback, which cannot attend past
+                    the window (flip-flop, where full attention can read the last write straight back)
 Modes: `exact` = the exact recurrence (`sequential_forward`; fused prefill with passes >= prompt length
 computes the same), `plain` = one ordinary pass. A row is correct when every answer token is the
 argmax given the prompt and the previous answer tokens, i.e. greedy decoding reproduces the answer.
@@ -41,7 +44,8 @@ from fullband.data.synthetic import STATE_TRACKING_TASKS
 from fullband.loading import PRESET_DIR
 from fullband.state_tracking import Recipe, accuracy, evaluate, evaluate_hold, task_base, train_model
 
-MODELS = ("fbt", "baseline", "baseline_compute")
+MODELS = ("fbt", "baseline", "baseline_compute")  # the default run
+ALL_MODELS = (*MODELS, "baseline_window")
 
 
 def load_records(path: Path) -> list[dict]:
@@ -76,7 +80,7 @@ def summarise(path: Path) -> str:
                   "| model / mode | seeds | tokens | tokens × mean passes | "
                   + " | ".join(f"{m}×L" for m in multiples) + " |",
                   "|---" * (4 + len(multiples)) + "|"]
-        for kind in MODELS:
+        for kind in ALL_MODELS:
             runs = [r for r in rows if r["model"] == kind]
             if not runs:
                 continue
@@ -88,7 +92,8 @@ def summarise(path: Path) -> str:
         fbt = {r["seed"]: r for r in rows if r["model"] == "fbt"}
         pairs = [("fbt exact − fbt plain", "fbt", "exact", "fbt", "plain"),
                  ("fbt exact − baseline", "fbt", "exact", "baseline", "plain"),
-                 ("fbt exact − baseline_compute", "fbt", "exact", "baseline_compute", "plain")]
+                 ("fbt exact − baseline_compute", "fbt", "exact", "baseline_compute", "plain"),
+                 ("fbt exact − baseline_window", "fbt", "exact", "baseline_window", "plain")]
         for label, ka, ma, kb, mb in pairs:
             other = {r["seed"]: r for r in rows if r["model"] == kb}
             common = sorted(set(fbt) & set(other))
@@ -177,7 +182,7 @@ def plot(path: Path, out: Path) -> Path | None:
     rows_n = (len(tasks) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
     styles = {("fbt", "exact"): "C0-o", ("fbt", "plain"): "C0:x", ("baseline", "plain"): "C1-s",
-              ("baseline_compute", "plain"): "C2--^"}
+              ("baseline_compute", "plain"): "C2--^", ("baseline_window", "plain"): "C3-.v"}
     for ax, task in zip(axes.flat, tasks):
         rows = [r for r in records if r["task"] == task]
         train_len = rows[0]["train_len"]
@@ -315,8 +320,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "(a variant: NAME:KEY=VALUE;KEY=VALUE, e.g. cycle:size=3)")
     if args.keep == "best" and args.val_every <= 0:
         p.error("--keep best needs --val-every N > 0 (the validations to choose from)")
-    if set(args.models.split(",")) - set(MODELS):
-        p.error(f"--models: choose from {', '.join(MODELS)}")
+    if set(args.models.split(",")) - set(ALL_MODELS):
+        p.error(f"--models: choose from {', '.join(ALL_MODELS)}")
     return args
 
 

@@ -20,6 +20,10 @@ DRIFT = Path(__file__).resolve().parents[1] / "benchmarks" / "state_drift.py"
 spec = importlib.util.spec_from_file_location("state_drift", DRIFT)
 drift = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(drift)
+FLIPFLOP_WINDOW = Path(__file__).resolve().parents[1] / "benchmarks" / "flipflop_window.py"
+spec = importlib.util.spec_from_file_location("flipflop_window", FLIPFLOP_WINDOW)
+flipflop_window = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(flipflop_window)
 SAME_ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "state_tracking_same_rows.py"
 spec = importlib.util.spec_from_file_location("state_tracking_same_rows", SAME_ROWS)
 same_rows = importlib.util.module_from_spec(spec)
@@ -125,6 +129,35 @@ def test_k2_kind_trains_with_two_passes_and_full_attention(single_thread):
     assert info["mean_passes"] > 2 and model.config.sliding_window == config.model.sliding_window
     assert len(info["loss_curve"]) == 2  # one mean per step-tenth that holds a step
     assert len(info["grad_norm_max_curve"]) == 2 and min(info["grad_norm_max_curve"]) > 0
+
+
+def test_window_baseline_is_the_fbt_architecture_run_once_and_is_summarised(tmp_path, capsys, single_thread):
+    out = tmp_path / "st.jsonl"
+    st.main(["--quick", "--threads", "1", "--tasks", "flipflop", "--models", "fbt,baseline_window", "--out", str(out),
+             "--plot", str(tmp_path / "st.png"), "--save-models", str(tmp_path / "models")])
+    fbt, windowed = [json.loads(line) for line in out.read_text().splitlines()]
+    assert windowed["model"] == "baseline_window" and windowed["train"]["mean_passes"] == 1
+    assert windowed["train"]["tokens"] == fbt["train"]["tokens"]  # same batches
+    kept = core.load_kept_model(tmp_path / "models" / "st" / "flipflop_s0_baseline_window")
+    assert kept.config.sliding_window == st.load_config(st.PRESET_DIR / "state-tracking.yaml").model.sliding_window
+    text = capsys.readouterr().out
+    assert "| baseline_window plain |" in text and "| paired: fbt exact − baseline_window |" in text
+
+
+def test_flipflop_visibility_counts_the_tokens_before_the_digit_and_splits_a_run(tmp_path, capsys):
+    examples = core.synthetic_examples(core.task_with_moves("flipflop", 12), 50, 10_001)
+    # the digit is predicted at the answer's space; " :" and that space sit between it and the last move
+    assert flipflop_window.visible_rows("flipflop", 12, 50, 10_001, 3) == [False] * 50
+    last_is_write = [ex.prompt[-3] != "." for ex in examples]
+    assert flipflop_window.visible_rows("flipflop", 12, 50, 10_001, 4) == last_is_write
+    assert 0 < sum(last_is_write) < 50
+    assert flipflop_window.visible_rows("flipflop", 12, 50, 10_001, 16) == [True] * 50  # the first move is a write
+    record = {"eval": {"1": {"plain": "1100"}}}
+    assert flipflop_window.run_split(record, {"1": [True, False, True, False]}) == {"visible": [0.5], "hidden": [0.5]}
+    assert flipflop_window.run_split(record, {"1": [True, True, False, False]}) == {"visible": [1.0], "hidden": [0.0]}
+    flipflop_window.main(["--quick", "--out", str(tmp_path / "w.json")])
+    assert "ceiling without feedback" in capsys.readouterr().out
+    assert json.loads((tmp_path / "w.json").read_text())["receptive_field"] == 7
 
 
 def test_probe_benchmark_quick_writes_layer_accuracies(tmp_path, capsys, single_thread):

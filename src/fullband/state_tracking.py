@@ -4,7 +4,8 @@ exact-match accuracy on prompts several times longer (docs/results.md, "State tr
 Used by ``benchmarks/state_tracking.py`` (every task, seeds, baselines) and ``fullband demo`` (parity).
 Rows of a batch all have the same number of moves, so batches need no padding; the loss is on the answer
 tokens only. The FBT runs K = sequence length passes per step, so the positions that carry a label see the
-exact recurrence over the whole prompt (docs/method.md); a baseline runs one pass with full attention.
+exact recurrence over the whole prompt (docs/method.md); a baseline runs one pass with full attention, or
+with the FBT's own window ("baseline_window": the same architecture without the feedback).
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def task_with_moves(name: str, moves: int) -> SyntheticTask:
 # How each kind of model is trained: (keeps the preset's attention window, passes per step; "T" = the
 # sequence length, i.e. the exact recurrence over the whole prompt).
 KINDS: dict[str, tuple[bool, int | str]] = {"fbt": (True, "T"), "baseline": (False, 1), "baseline_compute": (False, 1),
-                                            "fbt_k2": (False, 2)}
+                                            "baseline_window": (True, 1), "fbt_k2": (False, 2)}
 
 
 def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
@@ -146,7 +147,8 @@ def train_model(
     task: str, kind: str, seed: int, config: RunConfig, recipe: Recipe, steps: int | None = None
 ) -> tuple[FullBandLM, dict]:
     """Train a fresh model of a `kind` in KINDS ("fbt": window, K = sequence length passes; "baseline":
-    full attention, one pass; "fbt_k2": full attention, two passes) with the optimiser settings of
+    full attention, one pass; "baseline_window": the FBT's window, one pass; "fbt_k2": full attention, two
+    passes) with the optimiser settings of
     ``config.train``. Returns the model in eval mode and what the run cost."""
     steps = recipe.steps if steps is None else steps
     tok = ByteTokenizer()
