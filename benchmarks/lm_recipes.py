@@ -41,6 +41,7 @@ ARMS: dict[str, dict[str, str]] = {
     "baseline": {"train.schedule": "standard"},
     "fbt": {"train.schedule": "paper"},  # 75% one pass, then K=2 (0.88) / K=3 (0.12): 75/22/3
     "fbt_7525": {"train.schedule": phases((0.75, {1: 1.0}), (1.0, {2: 1.0}))},  # 75/25 without 3-pass batches
+    "fbt_from25": {"train.schedule": phases((0.25, {1: 1.0}), (1.0, PAPER_LATE))},  # feedback from 25%
     "fbt_from50": {"train.schedule": phases((0.5, {1: 1.0}), (1.0, PAPER_LATE))},  # feedback from 50%
     "fbt_from0": {"train.schedule": "feedback-from-start"},  # the paper's late mix from step 0
     "fbt_ramp": {"train.schedule": "paper", "train.later_pass_weight_ramp": "0.5"},

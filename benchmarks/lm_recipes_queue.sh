@@ -14,5 +14,6 @@ run --arms fbt_from0,fbt_from50
 run --arms baseline@2,fbt_from50,baseline@1.5 --seeds 1 2
 run --arms fbt_concat,fbt_add
 run --arms baseline@3
-python benchmarks/lm_recipes.py --summary-only --plot-arms fbt,fbt_from0,fbt_from50
+run --arms fbt_from25    # made later, on another machine of the same kind
+python benchmarks/lm_recipes.py --summary-only --plot-arms fbt,fbt_from0,fbt_from25,fbt_from50
 # the 20M-token runs with validation curves: benchmarks/lm_long.sh
