@@ -27,7 +27,7 @@ from fullband.config import load_config
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import synthetic_examples
 from fullband.loading import PRESET_DIR
-from fullband.state_tracking import IGNORE, encode_batch, task_with_moves
+from fullband.state_tracking import IGNORE, encode_batch, task_base, task_with_moves
 
 
 def visible_rows(task: str, moves: int, rows: int, seed: int, receptive_field: int) -> list[bool]:
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/results/flipflop_window.json")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
+    if task_base(args.task) != "flipflop" or "trace=true" in args.task:
+        p.error(f"--task {args.task!r}: this script reads final-answer flip-flop rows (flipflop[:write_percent=N])")
     multiples = (1, 2) if args.quick else (1, 2, 4, 8)
     if args.quick:
         args.train_len, args.eval_rows = 4, 20
