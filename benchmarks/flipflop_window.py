@@ -36,10 +36,10 @@ def visible_rows(task: str, moves: int, rows: int, seed: int, receptive_field: i
     tok = ByteTokenizer()
     examples = synthetic_examples(task_with_moves(task, moves), rows, seed)
     _, labels = encode_batch(examples, tok)
+    first_move = 1 + len(tok.encode("flipflop "))  # after bos
     out = []
     for ex, label in zip(examples, labels.tolist()):
         moves_text = ex.prompt.removeprefix("flipflop ").removesuffix(" :")
-        first_move = 1 + len(tok.encode("flipflop "))  # after bos
         last_write = first_move + max(i for i, c in enumerate(moves_text) if c != ".")
         digit = next(i for i, t in enumerate(label) if t != IGNORE and tok.decode([t]).strip())  # label i = token i+1
         out.append(digit - last_write < receptive_field)
@@ -60,6 +60,12 @@ def run_split(record: dict, visible: dict[str, list[bool]]) -> dict[str, list[fl
             graded = [int(b) for b, v in zip(bits, seen, strict=True) if v == want]
             split[name].append(round(sum(graded) / len(graded), 3) if graded else None)
     return split
+
+
+def mean_sd(values: list[float]) -> str:
+    if not values:
+        return "–"
+    return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,11 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     for model_name in dict.fromkeys(r["model"] for r in runs):
         group = [r for r in runs if r["model"] == model_name]
         for name in ("visible", "hidden"):
-            cells = []
-            for i in range(len(multiples)):
-                values = [r[name][i] for r in group if r[name][i] is not None]
-                cells.append(f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}"
-                                                                 if len(values) > 1 else "") if values else "–")
+            cells = [mean_sd([r[name][i] for r in group if r[name][i] is not None]) for i in range(len(multiples))]
             seeds = f"{len(group)} seed" + "s" * (len(group) > 1)
             lines.append(f"| {model_name} on the {name} rows ({seeds}) | " + " | ".join(cells) + " |")
     print("\n".join(lines))

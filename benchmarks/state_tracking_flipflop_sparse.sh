@@ -1,5 +1,5 @@
 #!/bin/sh
-# docs/results.md, "Flip-flop through the window": flip-flop with 5% writes (flipflop:write_percent=5; the
+# docs/results.md, "The baseline with the FBT's own window", sparser writes: flip-flop with 5% writes (flipflop:write_percent=5; the
 # built-in task has 10%), so that the last write lies beyond the FBT's 7-token receptive field in more rows
 # (benchmarks/flipflop_window.py). The FBT with the preset's settings (1..16 moves, 4000 steps, the best
 # validation kept), the full-attention baseline and the windowed baseline on the same batches.
