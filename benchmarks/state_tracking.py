@@ -32,6 +32,7 @@ analyses of the learnt recurrence such as benchmarks/state_drift.py.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -106,6 +107,12 @@ def summarise(path: Path) -> str:
                     diffs.append(paired_difference(fbt[s]["eval"][m][ma], other[s]["eval"][m][mb]))
                 cells.append(mean_sd(diffs))
             lines.append(f"| paired: {label} | {len(common)} | | | " + " | ".join(cells) + " |")
+        kept_early = [r for r in rows if r["model"] == "fbt" and "eval_last" in r]
+        if kept_early:  # what --keep best changed: the same runs' last models
+            cells = [mean_sd([accuracy(r["eval_last"][m]["exact"]) for r in kept_early]) for m in multiples]
+            seeds = sorted(r["seed"] for r in kept_early)
+            lines.append(f"| fbt exact, the last step's model of the runs that kept an earlier one (seeds {seeds}) "
+                         f"| {len(kept_early)} | | | " + " | ".join(cells) + " |")
         held = [r for r in rows if r["model"] == "fbt" and r.get("hold")]
         if held:
             cells = [mean_sd([accuracy(r["hold"][m]) for r in held]) for m in multiples]
@@ -124,10 +131,16 @@ def paired_diffs(a: dict, b: dict, multiples: list[str]) -> list[float] | None:
 
 
 def _compare_cell(record: dict) -> str:
-    """Exact accuracy at 1× / 2× / … of L; the step of the kept model when it is not the last (--keep best)."""
+    """Exact accuracy at 1× / 2× / … of L; where --keep best kept an earlier model than the last, its step
+    and the last step's accuracies."""
     cell = " / ".join(f"{accuracy(record['eval'][m]['exact']):.2f}" for m in record["eval"])
     kept, steps = record["train"].get("kept_step"), record["train"]["steps"]
-    return cell if kept in (None, steps) else f"{cell} (step {kept})"
+    if kept in (None, steps):
+        return cell
+    if "eval_last" not in record:  # a run recorded before the last model was graded too
+        return f"{cell} (step {kept})"
+    last = " / ".join(f"{accuracy(record['eval_last'][m]['exact']):.2f}" for m in record["eval_last"])
+    return f"{cell} (step {kept}; last step: {last})"
 
 
 def compare(files: dict[str, list[Path]]) -> str:
@@ -354,14 +367,18 @@ def main(argv: list[str] | None = None) -> None:
                             continue
                         fbt_compute = fbt[0]["train"]["mean_passes"]
                         steps = round(args.steps * fbt_compute)
-                    model, info = train_model(task, kind, seed, config, recipe, steps)
                     modes = ("exact", "plain") if kind == "fbt" else ("plain",)
+                    grade_last = functools.partial(evaluate, task=task, recipe=recipe, modes=modes)
+                    model, info = train_model(task, kind, seed, config, recipe, steps, grade_last=grade_last)
+                    last_step_eval = info.pop("last_step_eval", None)
                     record = {"task": task, "seed": seed, "model": kind, "train_len": args.train_len,
                               "grad_passes": args.grad_passes, "curriculum": args.curriculum,
                               **({"center_loss": args.center_loss} if args.center_loss else {}),
                               **({"val_every": args.val_every, "keep": args.keep} if args.val_every else {}),
                               "batch_size": recipe.batch_size, "overrides": args.overrides, "train": info,
-                              "eval": evaluate(model, task, recipe, modes)}
+                              "eval": evaluate(model, task, recipe, modes),
+                              # the same run's last model, where --keep best kept an earlier one
+                              **({"eval_last": last_step_eval} if last_step_eval else {})}
                     if kind == "fbt":
                         record["hold"] = evaluate_hold(model, task, recipe)
                     if args.save_models:

@@ -305,8 +305,12 @@ def test_validation_leaves_training_unchanged_and_best_keeps_the_lowest_loss(sin
     assert all(torch.equal(a, b) for a, b in zip(last.state_dict().values(), same.state_dict().values()))
     assert [v[0] for v in watched_info["val_curve"]] == [2, 4, 6] and watched_info["kept_step"] == 6
     best = core.Recipe(train_len=2, steps=6, eval_rows=8, multiples=(1,), val_every=2, keep="best")
-    kept, best_info = core.train_model("parity", "fbt", 0, config, best)
+    rows = core.validation_rows("parity", best)
+    kept, best_info = core.train_model("parity", "fbt", 0, config, best,
+                                       grade_last=lambda m: {"val": core.validate(m, "fbt", *rows)})
     assert best_info["val_curve"] == watched_info["val_curve"]
+    # the last model is graded before the kept one replaces it: the same figures as the run that kept the last
+    assert best_info["last_step_eval"] == {"val": core.validate(last, "fbt", *rows)}
     losses = {step: loss for step, loss, _ in best_info["val_curve"]}
     assert best_info["kept_step"] == max(s for s in losses if losses[s] == min(losses.values())) < 6
     kept_loss = core.validate(kept, "fbt", *core.validation_rows("parity", best))[0]
@@ -317,10 +321,17 @@ def test_validation_leaves_training_unchanged_and_best_keeps_the_lowest_loss(sin
 
 def test_benchmark_keeps_best_and_plots_validation(tmp_path, single_thread):
     out, png = tmp_path / "st.jsonl", tmp_path / "val.png"
+    # a learning rate so large that the validation loss is lowest before the last step
     st.main(["--quick", "--tasks", "cycle", "--models", "fbt", "--val-every", "1", "--keep", "best", "--out", str(out),
-             "--save-models", "", "--plot", "", "--val-plot", str(png)])
+             "--save-models", "", "--plot", "", "--val-plot", str(png), "--set", "train.lr=0.5",
+             "--set", "train.warmup_steps=1"])
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["keep"] == "best" and len(record["train"]["val_curve"]) == record["train"]["steps"]
+    assert record["train"]["kept_step"] < record["train"]["steps"]
+    # the same run's last model is graded on the same rows, in the same modes, and shown beside the kept one
+    assert {m: set(v) for m, v in record["eval_last"].items()} == {m: set(v) for m, v in record["eval"].items()}
+    assert "the last step's model of the runs that kept an earlier one" in st.summarise(out)
+    assert "; last step: " in st.compare({"kept": [out]})
     assert png.stat().st_size > 0
     with pytest.raises(SystemExit):
         st.main(["--quick", "--keep", "best", "--out", str(out)])  # nothing to choose from

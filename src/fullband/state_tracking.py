@@ -14,6 +14,7 @@ import copy
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,12 +145,15 @@ def build_model(config: RunConfig, kind: str, seed: int) -> FullBandLM:
 
 
 def train_model(
-    task: str, kind: str, seed: int, config: RunConfig, recipe: Recipe, steps: int | None = None
+    task: str, kind: str, seed: int, config: RunConfig, recipe: Recipe, steps: int | None = None,
+    grade_last: Callable[[FullBandLM], dict] | None = None,
 ) -> tuple[FullBandLM, dict]:
     """Train a fresh model of a `kind` in KINDS ("fbt": window, K = sequence length passes; "baseline":
     full attention, one pass; "baseline_window": the FBT's window, one pass; "fbt_k2": full attention, two
     passes) with the optimiser settings of
-    ``config.train``. Returns the model in eval mode and what the run cost."""
+    ``config.train``. Returns the model in eval mode and what the run cost. Where keep="best" returns an
+    earlier model than the last, ``grade_last`` (if given) grades the last one first, in eval mode, and its
+    result is ``info["last_step_eval"]``: what the kept model is compared with, from the same run."""
     steps = recipe.steps if steps is None else steps
     tok = ByteTokenizer()
     model = build_model(config, kind, seed)
@@ -197,7 +201,10 @@ def train_model(
                 best = (val_loss, step + 1, copy.deepcopy(model.state_dict()))
     model.eval()
     kept_step = steps
+    last_step_eval = None
     if best is not None and best[1] != steps:
+        if grade_last is not None:
+            last_step_eval = grade_last(model)
         model.load_state_dict(best[2])
         kept_step = best[1]
     info = {"steps": steps, "tokens": tokens, "mean_passes": passes_total / steps,
@@ -207,6 +214,8 @@ def train_model(
             "grad_norm_max_curve": [round(max(c), 3) for c in _tenths(grad_norms)]}
     if val_curve:  # [step, validation loss, validation accuracy] per evaluation; the step whose model is returned
         info |= {"val_curve": val_curve, "kept_step": kept_step}
+    if last_step_eval is not None:
+        info["last_step_eval"] = last_step_eval
     return model, info
 
 

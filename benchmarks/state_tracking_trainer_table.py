@@ -1,0 +1,125 @@
+"""The table of docs/results.md, "The preset through the trainer at L = 16": one row per run of
+benchmarks/state_tracking_trainer_len16.sh (`fullband train --config state-tracking`, then `fullband bench
+OUT/best --modes standard,fused:auto` at L and 8 x L moves), with what the run cost (K per step, tokens,
+token-equivalent compute, seconds), the step of the kept model, the accuracies with their bootstrap
+intervals, and per task the paired difference fused:auto − standard on the same held-out rows (mean ± sd
+over seeds). Writes one JSON with every row's grade per mode, so the table can be rebuilt without the runs.
+
+    python benchmarks/state_tracking_trainer_table.py                    # runs/st_trainer_*_s*_len16/
+    python benchmarks/state_tracking_trainer_table.py --from-json        # the table from the committed JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks/results/state_tracking_trainer/len16.json"
+MODES = ("standard", "fused:auto")
+TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
+
+
+def read_run(run: Path, task: str, seed: int) -> dict | None:
+    """One run's record, or None while it has not been graded at both lengths."""
+    benches = sorted((int(p.name[len("bench"):]), p) for p in run.glob("bench*") if (p / "results.json").is_file())
+    if len(benches) < 2:
+        return None
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    passes = [s["passes"] for s in steps]
+    best = run / "best" / "best.json"
+    record = {"task": task, "seed": seed, "steps": steps[-1]["step"], "tokens": steps[-1]["tokens"],
+              "compute_tokens": steps[-1]["compute_tokens"], "train_seconds": round(steps[-1]["elapsed_s"]),
+              "passes_min": min(passes), "passes_max": max(passes),
+              "passes_mean": round(statistics.mean(passes), 2),
+              "kept_step": json.loads(best.read_text())["step"] if best.is_file() else steps[-1]["step"],
+              "lengths": {}}
+    for moves, bench in benches:
+        (results,) = json.loads((bench / "results.json").read_text())["results"].values()
+        rows = [json.loads(line) for line in (bench / "samples.jsonl").read_text().splitlines() if line.strip()]
+        cell = {}
+        for mode in MODES:
+            r = results[mode]["0.0"]
+            graded = sorted((row["problem"], row["correct"]) for row in rows if row["mode"] == mode)
+            cell[mode] = {"accuracy": r["accuracy"], "ci": r["accuracy_ci"], "mean_passes": r["mean_fused_passes"],
+                          "unconverged": r["fused_unconverged"],
+                          "problems": [p for p, _ in graded], "correct": "".join("1" if c else "0" for _, c in graded)}
+        record["lengths"][str(moves)] = cell
+    return record
+
+
+def collect(runs_dir: Path) -> list[dict]:
+    records = []
+    for run in sorted(runs_dir.glob("st_trainer_*_s*_len16")):
+        m = re.fullmatch(r"st_trainer_(\w+?)_s(\d+)_len16", run.name)
+        if m and run.is_dir() and (rec := read_run(run, m[1], int(m[2]))):
+            records.append(rec)
+    return records
+
+
+def paired(a: dict, b: dict) -> float:
+    """The mean over the same rows of correct(a) − correct(b)."""
+    if a["problems"] != b["problems"]:
+        raise SystemExit("the two modes were graded on different rows: rerun fullband bench with the same task file")
+    return sum(int(x) - int(y) for x, y in zip(a["correct"], b["correct"], strict=True)) / len(a["correct"])
+
+
+def table(records: list[dict]) -> str:
+    records = sorted(records, key=lambda r: (TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99,
+                                             r["task"], r["seed"]))
+    lengths = sorted({int(m) for r in records for m in r["lengths"]})
+    head = ["task", "seed", "K (min → max, mean)", "tokens / × mean passes", "train", "kept step"]
+    for m in lengths:
+        head += [f"standard, {m} moves", f"fused:auto, {m} moves (mean passes)"]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for r in records:
+        cells = [r["task"], str(r["seed"]), f"{r['passes_min']} → {r['passes_max']}, {r['passes_mean']}",
+                 f"{r['tokens'] / 1e6:.2f} M / {r['compute_tokens'] / 1e6:.1f} M", f"{r['train_seconds']} s",
+                 f"{r['kept_step']} of {r['steps']}"]
+        for m in lengths:
+            for mode in MODES:
+                c = r["lengths"][str(m)][mode]
+                cell = f"{c['accuracy']:.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]"
+                if mode != "standard":
+                    cell += f" ({c['mean_passes']:.0f}" + (f", {c['unconverged']} unconverged)" if c["unconverged"]
+                                                          else ")")
+                cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| task | seeds | paired fused:auto − standard, same rows: "
+              + " / ".join(f"{m} moves" for m in lengths) + " |", "|---|---|---|"]
+    for task in dict.fromkeys(r["task"] for r in records):
+        runs = [r for r in records if r["task"] == task]
+        diffs = [[paired(r["lengths"][str(m)]["fused:auto"], r["lengths"][str(m)]["standard"]) for r in runs]
+                 for m in lengths]
+        cells = [f"{statistics.mean(d):+.3f}" + (f" ± {statistics.stdev(d):.3f}" if len(d) > 1 else "") for d in diffs]
+        lines.append(f"| {task} | {[r['seed'] for r in runs]} | " + " / ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs-dir", type=Path, default=ROOT / "runs",
+                   help="where the runs are (st_trainer_TASK_sSEED_len16, as the script names them)")
+    p.add_argument("--out", type=Path, default=OUT, help="the JSON of every run's record")
+    p.add_argument("--from-json", action="store_true", help="print the table from --out, without the runs")
+    args = p.parse_args(argv)
+    if args.from_json:
+        if not args.out.is_file():
+            raise SystemExit(f"{args.out} does not exist: run without --from-json first")
+        records = json.loads(args.out.read_text())
+    else:
+        records = collect(args.runs_dir)
+        if not records:
+            raise SystemExit(f"no graded run in {args.runs_dir}: run benchmarks/state_tracking_trainer_len16.sh")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(records) + "\n")
+        print(f"wrote {args.out} ({len(records)} runs)", file=sys.stderr)
+    print(table(records))
+
+
+if __name__ == "__main__":
+    main()

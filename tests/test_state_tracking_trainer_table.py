@@ -1,0 +1,42 @@
+"""benchmarks/state_tracking_trainer.sh end to end at a tiny size (export, `fullband train --config
+state-tracking`, `fullband bench` at L and 8 x L moves), and the table built from its run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("trainer_table", ROOT / "benchmarks" / "state_tracking_trainer_table.py")
+table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(table)
+
+
+def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_path, capsys):
+    run = tmp_path / "st_trainer_parity_s0_len16"
+    env = {**os.environ, "PYTHON": sys.executable, "MOVES": "2", "RECORDS": "300", "OMP_NUM_THREADS": "1"}
+    # 3 steps of 32 windows, a validation every step (the kept model), a tiny model
+    subprocess.run(["bash", str(ROOT / "benchmarks/state_tracking_trainer.sh"), "parity", "0", str(run),
+                    "--train.tokens", "3072", "--train.eval_every", "1", "--eval.batches", "1",
+                    "--model.d_model", "16", "--model.d_ff", "32", "--model.n_heads", "2"],
+                   check=True, env=env, cwd=ROOT, capture_output=True)
+    out = tmp_path / "len16.json"
+    table.main(["--runs-dir", str(tmp_path), "--out", str(out)])
+    printed = capsys.readouterr().out
+    (record,) = json.loads(out.read_text())
+    assert (record["task"], record["seed"], record["steps"]) == ("parity", 0, 3)
+    assert set(record["lengths"]) == {"2", "16"} and 1 <= record["kept_step"] <= 3
+    assert record["passes_min"] <= record["passes_mean"] <= record["passes_max"]
+    for cells in record["lengths"].values():
+        std, fused = cells["standard"], cells["fused:auto"]
+        assert std["problems"] == fused["problems"] and len(std["correct"]) == len(std["problems"]) == 200
+        assert std["accuracy"] == std["correct"].count("1") / 200  # the per-row grades are fullband bench's
+    diff = (record["lengths"]["16"]["fused:auto"]["correct"].count("1")
+            - record["lengths"]["16"]["standard"]["correct"].count("1")) / 200
+    assert "| parity | [0] | " in printed and f"{diff:+.3f}" in printed.splitlines()[-1]
+    table.main(["--from-json", "--out", str(out)])  # the committed JSON alone rebuilds the same table
+    assert capsys.readouterr().out == printed
