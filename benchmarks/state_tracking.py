@@ -43,7 +43,15 @@ import torch
 from fullband.config import load_config
 from fullband.data.synthetic import STATE_TRACKING_TASKS
 from fullband.loading import PRESET_DIR
-from fullband.state_tracking import Recipe, accuracy, evaluate, evaluate_hold, task_base, train_model
+from fullband.state_tracking import (
+    Recipe,
+    accuracy,
+    evaluate,
+    evaluate_hold,
+    paired_difference,
+    task_base,
+    train_model,
+)
 
 MODELS = ("fbt", "baseline", "baseline_compute")  # the default run
 ALL_MODELS = (*MODELS, "baseline_window")
@@ -62,11 +70,6 @@ def mean_sd(values: list[float]) -> str:
     if len(values) == 1:  # no spread to show from one seed
         return f"{values[0]:.2f}"
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
-def paired_difference(a: str, b: str) -> float:
-    """The mean over the same rows of (correct_a − correct_b), from two per-row grade strings."""
-    return sum(int(x) - int(y) for x, y in zip(a, b, strict=True)) / len(a)
 
 
 def summarise(path: Path) -> str:
@@ -133,14 +136,15 @@ def paired_diffs(a: dict, b: dict, multiples: list[str]) -> list[float] | None:
 def _compare_cell(record: dict) -> str:
     """Exact accuracy at 1× / 2× / … of L; where --keep best kept an earlier model than the last, its step
     and the last step's accuracies."""
-    cell = " / ".join(f"{accuracy(record['eval'][m]['exact']):.2f}" for m in record["eval"])
+    def exact(evals: dict) -> str:
+        return " / ".join(f"{accuracy(evals[m]['exact']):.2f}" for m in evals)
+
     kept, steps = record["train"].get("kept_step"), record["train"]["steps"]
     if kept in (None, steps):
-        return cell
+        return exact(record["eval"])
     if "eval_last" not in record:  # a run recorded before the last model was graded too
-        return f"{cell} (step {kept})"
-    last = " / ".join(f"{accuracy(record['eval_last'][m]['exact']):.2f}" for m in record["eval_last"])
-    return f"{cell} (step {kept}; last step: {last})"
+        return f"{exact(record['eval'])} (step {kept})"
+    return f"{exact(record['eval'])} (step {kept}; last step: {exact(record['eval_last'])})"
 
 
 def compare(files: dict[str, list[Path]]) -> str:

@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from fullband.state_tracking import paired_difference
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/state_tracking_trainer/len16.json"
 MODES = ("standard", "fused:auto")
@@ -65,7 +67,7 @@ def paired(a: dict, b: dict) -> float:
     """The mean over the same rows of correct(a) − correct(b)."""
     if a["problems"] != b["problems"]:
         raise SystemExit("the two modes were graded on different rows: rerun fullband bench with the same task file")
-    return sum(int(x) - int(y) for x, y in zip(a["correct"], b["correct"], strict=True)) / len(a["correct"])
+    return paired_difference(a["correct"], b["correct"])
 
 
 def table(records: list[dict]) -> str:

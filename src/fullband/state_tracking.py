@@ -305,3 +305,8 @@ def write_analysis(records: list[dict], path: str | Path) -> None:
 
 def accuracy(bits: str) -> float:
     return bits.count("1") / len(bits)
+
+
+def paired_difference(a: str, b: str) -> float:
+    """The mean over the same rows of (correct_a − correct_b), from two per-row grade strings ("1" = correct)."""
+    return sum(int(x) - int(y) for x, y in zip(a, b, strict=True)) / len(a)
