@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The state-tracking recipe of benchmarks/state_tracking.py (length curriculum, K = the exact number of passes
 # each batch needs) run through the real trainer: `fullband train --config state-tracking` on exported
-# records of 1..MOVES moves of a state-tracking task (MOVES=8 unless set), then exact-match accuracy at MOVES and
+# records of 1..MOVES moves of a state-tracking task (MOVES=8 unless set), then exact-match accuracy at 1, 2, 4 and
 # 8 x MOVES moves in standard mode (one plain pass) and fused:auto (run to the exact recurrence, up to 1024
-# passes, no tolerance), of OUT_DIR/best (the preset's model of the best validation) or, without one, the last.
+# passes, no tolerance), of OUT_DIR/best (the preset's model of the best validation) or, without one, the last
+# (benchmarks/state_tracking_trainer_bench.sh).
 #   bash benchmarks/state_tracking_trainer.sh [TASK] [SEED] [OUT_DIR] [TRAIN OPTIONS...]
 # (default parity 0 runs/st_trainer_TASK_sSEED; further arguments go to `fullband train`, e.g. the preset's
 # earlier settings: --train.pass_loss paper --model.gate_init_std none)
@@ -29,18 +30,9 @@ from fullband.data.synthetic import export_jsonl, state_tracking_task
 
 data, task, seed, records, train_moves = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 export_jsonl(state_tracking_task(task, 1, train_moves), data / "train.jsonl", records, seed=seed)
-for moves in (train_moves, 8 * train_moves):  # the same validation rows for every seed
-    export_jsonl(state_tracking_task(task, moves, moves), data / f"val{moves}.jsonl", 200, seed=10_000 + moves)
 PYTHON
 start=$(date +%s)
 "$PY" -m fullband train --config state-tracking --data.source "$DATA/train.jsonl" --out-dir "$OUT" \
     --train.seed "$SEED" --train.progress false --train.log_every 50 "$@"
 echo "train: $(( $(date +%s) - start )) s"
-MODEL=$OUT  # the last checkpoint; the preset's best-validation model where the run kept one (train.keep_best)
-if [ -d "$OUT/best" ]; then MODEL=$OUT/best; fi
-for moves in "$MOVES" $(( 8 * MOVES )); do
-    start=$(date +%s)
-    "$PY" -m fullband bench "$MODEL" --task "jsonl:$DATA/val$moves.jsonl" --modes standard,fused:auto \
-        --fused-max-passes 1024 --fused-tol 0 --out "$OUT/bench$moves" --no-progress --no-plots
-    echo "bench $moves moves: $(( $(date +%s) - start )) s"  # the table above is $OUT/bench$moves/results.md
-done
+MOVES=$MOVES bash benchmarks/state_tracking_trainer_bench.sh "$TASK" "$OUT"

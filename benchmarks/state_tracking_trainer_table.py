@@ -1,9 +1,10 @@
 """The table of docs/results.md, "The preset through the trainer at L = 16": one row per run of
 benchmarks/state_tracking_trainer_len16.sh (`fullband train --config state-tracking`, then `fullband bench
-OUT/best --modes standard,fused:auto` at L and 8 x L moves), with what the run cost (K per step, tokens,
-token-equivalent compute, seconds), the step of the kept model, the accuracies with their bootstrap
-intervals, and per task the paired difference fused:auto − standard on the same held-out rows (mean ± sd
-over seeds). Writes one JSON with every row's grade per mode, so the table can be rebuilt without the runs.
+OUT/best --modes standard,fused:auto` at 1, 2, 4 and 8 x L moves), with what the run cost (K per step, tokens,
+token-equivalent compute, seconds), the step of the kept model, the accuracies (with the bootstrap interval
+at the longest length), per task the paired difference fused:auto − standard on the same held-out rows
+(mean ± sd over seeds), and a plot of accuracy against length per task and mode. Writes one JSON with every
+row's grade per mode, so the table and the plot can be rebuilt without the runs.
 
     python benchmarks/state_tracking_trainer_table.py                    # runs/st_trainer_*_s*_len16/
     python benchmarks/state_tracking_trainer_table.py --from-json        # the table from the committed JSON
@@ -22,12 +23,13 @@ from fullband.state_tracking import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/state_tracking_trainer/len16.json"
+PLOT = ROOT / "docs/state_tracking_trainer_len16.png"
 MODES = ("standard", "fused:auto")
 TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
 
 
 def read_run(run: Path, task: str, seed: int) -> dict | None:
-    """One run's record, or None while it has not been graded at both lengths."""
+    """One run's record, or None while it has not been graded at two lengths at least."""
     benches = sorted((int(p.name[len("bench"):]), p) for p in run.glob("bench*") if (p / "results.json").is_file())
     if len(benches) < 2:
         return None
@@ -70,29 +72,32 @@ def paired(a: dict, b: dict) -> float:
     return paired_difference(a["correct"], b["correct"])
 
 
+def sort_key(record: dict) -> tuple:
+    task = record["task"]
+    return TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task, record["seed"]
+
+
 def table(records: list[dict]) -> str:
-    records = sorted(records, key=lambda r: (TASK_ORDER.index(r["task"]) if r["task"] in TASK_ORDER else 99,
-                                             r["task"], r["seed"]))
-    lengths = sorted({int(m) for r in records for m in r["lengths"]})
-    head = ["task", "seed", "K (min → max, mean)", "tokens / × mean passes", "train", "kept step"]
-    for m in lengths:
-        head += [f"standard, {m} moves", f"fused:auto, {m} moves (mean passes)"]
+    """One row per run (the lengths every run was graded at), then the paired differences per task."""
+    records = sorted(records, key=sort_key)
+    lengths = sorted(set.intersection(*({int(m) for m in r["lengths"]} for r in records)))
+    at = " / ".join(str(m) for m in lengths)
+    head = ["task", "seed", "K (min → max, mean)", "tokens / × mean passes", "train", "kept step",
+            f"standard, {at} moves", f"fused:auto, {at} moves", f"fused:auto at {lengths[-1]} moves: 95% interval "
+            "(mean passes)"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in records:
         cells = [r["task"], str(r["seed"]), f"{r['passes_min']} → {r['passes_max']}, {r['passes_mean']}",
                  f"{r['tokens'] / 1e6:.2f} M / {r['compute_tokens'] / 1e6:.1f} M", f"{r['train_seconds']} s",
                  f"{r['kept_step']} of {r['steps']}"]
-        for m in lengths:
-            for mode in MODES:
-                c = r["lengths"][str(m)][mode]
-                cell = f"{c['accuracy']:.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}]"
-                if mode != "standard":
-                    cell += f" ({c['mean_passes']:.0f}" + (f", {c['unconverged']} unconverged)" if c["unconverged"]
-                                                          else ")")
-                cells.append(cell)
+        for mode in MODES:
+            cells.append(" / ".join(f"{r['lengths'][str(m)][mode]['accuracy']:.3f}" for m in lengths))
+        last = r["lengths"][str(lengths[-1])]["fused:auto"]
+        cells.append(f"[{last['ci'][0]:.3f}, {last['ci'][1]:.3f}] ({last['mean_passes']:.0f}"
+                     + (f", {last['unconverged']} unconverged)" if last["unconverged"] else ")"))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| task | seeds | paired fused:auto − standard, same rows: "
-              + " / ".join(f"{m} moves" for m in lengths) + " |", "|---|---|---|"]
+    lines += ["", f"| task | seeds | paired fused:auto − standard, same rows, mean ± sd over seeds: {at} moves |",
+              "|---|---|---|"]
     for task in dict.fromkeys(r["task"] for r in records):
         runs = [r for r in records if r["task"] == task]
         diffs = [[paired(r["lengths"][str(m)]["fused:auto"], r["lengths"][str(m)]["standard"]) for r in runs]
@@ -102,12 +107,60 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def plot(records: list[dict], out: Path) -> Path | None:
+    """One panel per task: accuracy against the prompt's moves, per mode the mean over seeds (± sd) and
+    every seed as a thin line."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
+        return None
+    records = sorted(records, key=sort_key)
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    cols = min(3, len(tasks))
+    rows_n = (len(tasks) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
+    styles = {"fused:auto": ("C0", "o", "-"), "standard": ("C1", "x", ":")}
+    for ax, task in zip(axes.flat, tasks):
+        runs = [r for r in records if r["task"] == task]
+        lengths = sorted(set.intersection(*({int(m) for m in r["lengths"]} for r in runs)))
+        for mode, (color, marker, line) in styles.items():
+            accs = [[r["lengths"][str(m)][mode]["accuracy"] for r in runs] for m in lengths]
+            for seed_accs in zip(*accs):
+                ax.plot(lengths, seed_accs, color=color, lw=0.6, alpha=0.4)
+            ax.errorbar(lengths, [statistics.mean(a) for a in accs],
+                        yerr=[statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs], color=color,
+                        marker=marker, ls=line, capsize=3, label=f"FBT {mode} (mean ± sd over seeds)")
+        ax.axvline(lengths[0], color="grey", lw=0.8, ls=":")
+        ax.axhline(0.9, color="grey", lw=0.6, ls="--")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(m) for m in lengths])
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{task}, seeds {[r['seed'] for r in runs]} (trained on ≤ {lengths[0]} moves)", fontsize=9)
+        ax.set_xlabel("moves in the prompt")
+        ax.set_ylabel("exact-match accuracy")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="center left")
+    fig.suptitle("fullband train --config state-tracking, then fullband bench OUT/best (kept model)", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs",
                    help="where the runs are (st_trainer_TASK_sSEED_len16, as the script names them)")
     p.add_argument("--out", type=Path, default=OUT, help="the JSON of every run's record")
     p.add_argument("--from-json", action="store_true", help="print the table from --out, without the runs")
+    p.add_argument("--plot", type=Path, default=PLOT, help="where the plot goes ('' = no plot)")
     args = p.parse_args(argv)
     if args.from_json:
         if not args.out.is_file():
@@ -121,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(json.dumps(records) + "\n")
         print(f"wrote {args.out} ({len(records)} runs)", file=sys.stderr)
     print(table(records))
+    if str(args.plot) not in ("", ".") and (written := plot(records, args.plot)):
+        print(f"wrote {written}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,20 @@ def test_export_jsonl_round_trip(tmp_path):
     path = export_jsonl(task, tmp_path / "sub" / "val.jsonl", 20, seed=9)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [(r["prompt"], r["answer"]) for r in rows] == [(e.prompt, e.answer) for e in synthetic_examples(task, 20, 9)]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["val.jsonl"]
+
+
+def test_interrupted_export_leaves_no_half_written_file(tmp_path, monkeypatch):
+    import fullband.data.synthetic as synthetic
+
+    def examples_then_interrupt(task, n, seed):
+        yield from synthetic_examples(task, 3, seed)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(synthetic, "synthetic_examples", examples_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        export_jsonl(state_tracking_task("parity", 2, 4), tmp_path / "val.jsonl", 20, seed=0)
+    assert not (tmp_path / "val.jsonl").exists()
 
 
 def test_bad_options_are_clear_errors():

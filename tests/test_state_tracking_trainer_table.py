@@ -1,5 +1,5 @@
 """benchmarks/state_tracking_trainer.sh end to end at a tiny size (export, `fullband train --config
-state-tracking`, `fullband bench` at L and 8 x L moves), and the table built from its run."""
+state-tracking`, `fullband bench` at 1, 2, 4 and 8 x L moves), and the table and plot built from its run."""
 
 from __future__ import annotations
 
@@ -25,11 +25,13 @@ def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_
                     "--model.d_model", "16", "--model.d_ff", "32", "--model.n_heads", "2"],
                    check=True, env=env, cwd=ROOT, capture_output=True)
     out = tmp_path / "len16.json"
-    table.main(["--runs-dir", str(tmp_path), "--out", str(out)])
+    png = tmp_path / "len16.png"
+    table.main(["--runs-dir", str(tmp_path), "--out", str(out), "--plot", str(png)])
     printed = capsys.readouterr().out
     (record,) = json.loads(out.read_text())
     assert (record["task"], record["seed"], record["steps"]) == ("parity", 0, 3)
-    assert set(record["lengths"]) == {"2", "16"} and 1 <= record["kept_step"] <= 3
+    assert set(record["lengths"]) == {"2", "4", "8", "16"} and 1 <= record["kept_step"] <= 3
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert record["passes_min"] <= record["passes_mean"] <= record["passes_max"]
     for cells in record["lengths"].values():
         std, fused = cells["standard"], cells["fused:auto"]
@@ -38,5 +40,6 @@ def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_
     diff = (record["lengths"]["16"]["fused:auto"]["correct"].count("1")
             - record["lengths"]["16"]["standard"]["correct"].count("1")) / 200
     assert "| parity | [0] | " in printed and f"{diff:+.3f}" in printed.splitlines()[-1]
-    table.main(["--from-json", "--out", str(out)])  # the committed JSON alone rebuilds the same table
+    assert "| standard, 2 / 4 / 8 / 16 moves |" in printed
+    table.main(["--from-json", "--out", str(out), "--plot", ""])  # the committed JSON alone rebuilds the same table
     assert capsys.readouterr().out == printed

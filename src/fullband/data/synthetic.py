@@ -485,10 +485,13 @@ def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool =
 
 def export_jsonl(task: str | SyntheticTask, path: str | Path, n: int, seed: int) -> Path:
     """Write `n` examples as `{"prompt": ..., "answer": ...}` lines (the record format `fullband train`
-    reads from .jsonl sources). Same task and seed, same file."""
+    reads from .jsonl sources). Same task and seed, same file. Written to a temporary file first, so an
+    interrupted export leaves no half-written file under `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as f:
         for ex in synthetic_examples(task, n, seed):
             f.write(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n")
+    partial.replace(path)
     return path
