@@ -11,7 +11,9 @@
 # TASK: parity, summod, flipflop, cycle, s3 or s5 (fullband.data.synthetic.STATE_TRACKING_TASKS).
 # Train data: RECORDS records (default 260,000), 1-2 per window of 33 tokens: the preset's 4000 steps x 32 windows
 # without repeating one (RECORDS=130000 with --train.tokens 2048000: the preset's earlier 2000 steps). Records
-# of 16 moves are at most 30 tokens, so MOVES=16 fits the preset's windows as they are.
+# of 16 moves are at most 30 tokens, so MOVES=16 fits the preset's windows as they are. A checkpoint every 500
+# steps, so a run stopped part-way continues from its last one with --resume (the checkpoints leave the
+# training unchanged).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TASK=${1:-parity}
@@ -33,6 +35,6 @@ export_jsonl(state_tracking_task(task, 1, train_moves), data / "train.jsonl", re
 PYTHON
 start=$(date +%s)
 "$PY" -m fullband train --config state-tracking --data.source "$DATA/train.jsonl" --out-dir "$OUT" \
-    --train.seed "$SEED" --train.progress false --train.log_every 50 "$@"
+    --train.seed "$SEED" --train.progress false --train.log_every 50 --train.ckpt_every 500 "$@"
 echo "train: $(( $(date +%s) - start )) s"
 MOVES=$MOVES bash benchmarks/state_tracking_trainer_bench.sh "$TASK" "$OUT"

@@ -8,6 +8,7 @@ row's grade per mode, so the table and the plot can be rebuilt without the runs.
 
     python benchmarks/state_tracking_trainer_table.py                    # runs/st_trainer_*_s*_len16/
     python benchmarks/state_tracking_trainer_table.py --from-json        # the table from the committed JSON
+    python benchmarks/state_tracking_trainer_table.py --label len16_8000 # runs/st_trainer_*_s*_len16_8000/
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from pathlib import Path
 from fullband.state_tracking import paired_difference
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks/results/state_tracking_trainer/len16.json"
-PLOT = ROOT / "docs/state_tracking_trainer_len16.png"
 MODES = ("standard", "fused:auto")
 TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
 
@@ -56,10 +55,10 @@ def read_run(run: Path, task: str, seed: int) -> dict | None:
     return record
 
 
-def collect(runs_dir: Path) -> list[dict]:
+def collect(runs_dir: Path, label: str) -> list[dict]:
     records = []
-    for run in sorted(runs_dir.glob("st_trainer_*_s*_len16")):
-        m = re.fullmatch(r"st_trainer_(\w+?)_s(\d+)_len16", run.name)
+    for run in sorted(runs_dir.glob(f"st_trainer_*_s*_{label}")):
+        m = re.fullmatch(rf"st_trainer_(\w+?)_s(\d+)_{re.escape(label)}", run.name)
         if m and run.is_dir() and (rec := read_run(run, m[1], int(m[2]))):
             records.append(rec)
     return records
@@ -157,19 +156,27 @@ def plot(records: list[dict], out: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs",
-                   help="where the runs are (st_trainer_TASK_sSEED_len16, as the script names them)")
-    p.add_argument("--out", type=Path, default=OUT, help="the JSON of every run's record")
+                   help="where the runs are (st_trainer_TASK_sSEED_LABEL, as the queue scripts name them)")
+    p.add_argument("--label", default="len16", help="the runs' name suffix (default len16)")
+    p.add_argument("--out", type=Path, help="the JSON of every run's record (default "
+                   "benchmarks/results/state_tracking_trainer/LABEL.json)")
     p.add_argument("--from-json", action="store_true", help="print the table from --out, without the runs")
-    p.add_argument("--plot", type=Path, default=PLOT, help="where the plot goes ('' = no plot)")
+    p.add_argument("--plot", type=Path, help="where the plot goes (default docs/state_tracking_trainer_LABEL.png; "
+                   "'' = no plot)")
     args = p.parse_args(argv)
+    if not re.fullmatch(r"\w+", args.label):
+        raise SystemExit(f"--label {args.label!r}: letters, digits and _ only (a run directory's suffix)")
+    args.out = args.out or ROOT / f"benchmarks/results/state_tracking_trainer/{args.label}.json"
+    args.plot = ROOT / f"docs/state_tracking_trainer_{args.label}.png" if args.plot is None else args.plot
     if args.from_json:
         if not args.out.is_file():
             raise SystemExit(f"{args.out} does not exist: run without --from-json first")
         records = json.loads(args.out.read_text())
     else:
-        records = collect(args.runs_dir)
+        records = collect(args.runs_dir, args.label)
         if not records:
-            raise SystemExit(f"no graded run in {args.runs_dir}: run benchmarks/state_tracking_trainer_len16.sh")
+            raise SystemExit(f"no graded run st_trainer_*_s*_{args.label} in {args.runs_dir}: run "
+                             "benchmarks/state_tracking_trainer_len16.sh")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(records) + "\n")
         print(f"wrote {args.out} ({len(records)} runs)", file=sys.stderr)
