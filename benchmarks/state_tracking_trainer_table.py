@@ -4,11 +4,14 @@ OUT/best --modes standard,fused:auto` at 1, 2, 4 and 8 x L moves), with what the
 token-equivalent compute, seconds), the step of the kept model, the accuracies (with the bootstrap interval
 at the longest length), per task the paired difference fused:auto − standard on the same held-out rows
 (mean ± sd over seeds), and a plot of accuracy against length per task and mode. Writes one JSON with every
-row's grade per mode, so the table and the plot can be rebuilt without the runs.
+row's grade per mode, so the table and the plot can be rebuilt without the runs; a run in the runs directory
+replaces the JSON's record of its task and seed, and the JSON's other records stay (runs/ is not committed, so
+the JSON is what a later machine has).
 
-    python benchmarks/state_tracking_trainer_table.py                    # runs/st_trainer_*_s*_len16/
+    python benchmarks/state_tracking_trainer_table.py                    # runs/st_trainer_*_s*_len16/ + the JSON
     python benchmarks/state_tracking_trainer_table.py --from-json        # the table from the committed JSON
     python benchmarks/state_tracking_trainer_table.py --label len16_8000 # runs/st_trainer_*_s*_len16_8000/
+    python benchmarks/state_tracking_trainer_table.py --has s5 1         # exit 0 if the JSON holds that run
 """
 
 from __future__ import annotations
@@ -62,6 +65,12 @@ def collect(runs_dir: Path, label: str) -> list[dict]:
         if m and run.is_dir() and (rec := read_run(run, m[1], int(m[2]))):
             records.append(rec)
     return records
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """The records of `new`, and those of `old` whose task and seed `new` has not."""
+    fresh = {(r["task"], r["seed"]) for r in new}
+    return sorted([r for r in old if (r["task"], r["seed"]) not in fresh] + new, key=sort_key)
 
 
 def paired(a: dict, b: dict) -> float:
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="the JSON of every run's record (default "
                    "benchmarks/results/state_tracking_trainer/LABEL.json)")
     p.add_argument("--from-json", action="store_true", help="print the table from --out, without the runs")
+    p.add_argument("--has", nargs=2, metavar=("TASK", "SEED"),
+                   help="exit 0 if --out holds the record of that run, 1 if not (for the queue scripts)")
     p.add_argument("--plot", type=Path, help="where the plot goes (default docs/state_tracking_trainer_LABEL.png; "
                    "'' = no plot)")
     args = p.parse_args(argv)
@@ -168,18 +179,25 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--label {args.label!r}: letters, digits and _ only (a run directory's suffix)")
     args.out = args.out or ROOT / f"benchmarks/results/state_tracking_trainer/{args.label}.json"
     args.plot = ROOT / f"docs/state_tracking_trainer_{args.label}.png" if args.plot is None else args.plot
+    old = json.loads(args.out.read_text()) if args.out.is_file() else []
+    if args.has:
+        task, seed = args.has
+        sys.exit(0 if any(r["task"] == task and str(r["seed"]) == seed for r in old) else 1)
     if args.from_json:
-        if not args.out.is_file():
+        if not old:
             raise SystemExit(f"{args.out} does not exist: run without --from-json first")
-        records = json.loads(args.out.read_text())
+        records = old
     else:
-        records = collect(args.runs_dir, args.label)
-        if not records:
+        new = collect(args.runs_dir, args.label)
+        if not new and not old:
             raise SystemExit(f"no graded run st_trainer_*_s*_{args.label} in {args.runs_dir}: run "
                              "benchmarks/state_tracking_trainer_len16.sh")
+        records = merge(old, new)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(records) + "\n")
-        print(f"wrote {args.out} ({len(records)} runs)", file=sys.stderr)
+        partial = args.out.with_name(args.out.name + ".partial")
+        partial.write_text(json.dumps(records) + "\n")
+        partial.replace(args.out)  # a reader (or a kill) never sees half a JSON
+        print(f"wrote {args.out} ({len(records)} runs, {len(new)} from {args.runs_dir})", file=sys.stderr)
     print(table(records))
     if str(args.plot) not in ("", ".") and (written := plot(records, args.plot)):
         print(f"wrote {written}", file=sys.stderr)

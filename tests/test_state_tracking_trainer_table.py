@@ -43,3 +43,19 @@ def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_
     assert "| standard, 2 / 4 / 8 / 16 moves |" in printed
     table.main(["--from-json", "--out", str(out), "--plot", ""])  # the committed JSON alone rebuilds the same table
     assert capsys.readouterr().out == printed
+
+    # runs/ is not committed: a later table keeps the JSON's other runs and replaces the one it has again
+    other = {**record, "task": "summod", "seed": 1}
+    stale = {**record, "kept_step": -1}
+    out.write_text(json.dumps([other, stale]) + "\n")
+    table.main(["--runs-dir", str(tmp_path), "--out", str(out), "--plot", ""])
+    merged = json.loads(out.read_text())
+    assert [(r["task"], r["seed"], r["kept_step"]) for r in merged] == [
+        ("parity", 0, record["kept_step"]), ("summod", 1, record["kept_step"])]
+    for task, seed, code in (("summod", "1", 0), ("summod", "0", 1), ("s5", "1", 1)):
+        try:
+            table.main(["--out", str(out), "--has", task, seed])
+        except SystemExit as exit_:
+            assert exit_.code == code
+        else:
+            raise AssertionError("--has must exit")
