@@ -86,9 +86,10 @@ def sort_key(record: dict) -> tuple:
 
 
 def table(records: list[dict]) -> str:
-    """One row per run (the lengths every run was graded at), then the paired differences per task."""
+    """One row per run (every length any run was graded at; — where that run was not), then the paired
+    differences per task over the seeds graded at each length."""
     records = sorted(records, key=sort_key)
-    lengths = sorted(set.intersection(*({int(m) for m in r["lengths"]} for r in records)))
+    lengths = sorted({int(m) for r in records for m in r["lengths"]})
     at = " / ".join(str(m) for m in lengths)
     head = ["task", "seed", "K (min → max, mean)", "tokens / × mean passes", "train", "kept step",
             f"standard, {at} moves", f"fused:auto, {at} moves", f"fused:auto at {lengths[-1]} moves: 95% interval "
@@ -99,25 +100,33 @@ def table(records: list[dict]) -> str:
                  f"{r['tokens'] / 1e6:.2f} M / {r['compute_tokens'] / 1e6:.1f} M", f"{r['train_seconds']} s",
                  f"{r['kept_step']} of {r['steps']}"]
         for mode in MODES:
-            cells.append(" / ".join(f"{r['lengths'][str(m)][mode]['accuracy']:.3f}" for m in lengths))
-        last = r["lengths"][str(lengths[-1])]["fused:auto"]
-        cells.append(f"[{last['ci'][0]:.3f}, {last['ci'][1]:.3f}] ({last['mean_passes']:.0f}"
-                     + (f", {last['unconverged']} unconverged)" if last["unconverged"] else ")"))
+            cells.append(" / ".join(f"{r['lengths'][str(m)][mode]['accuracy']:.3f}" if str(m) in r["lengths"]
+                                    else "—" for m in lengths))
+        if str(lengths[-1]) in r["lengths"]:
+            last = r["lengths"][str(lengths[-1])]["fused:auto"]
+            cells.append(f"[{last['ci'][0]:.3f}, {last['ci'][1]:.3f}] ({last['mean_passes']:.0f}"
+                         + (f", {last['unconverged']} unconverged)" if last["unconverged"] else ")"))
+        else:
+            cells.append("—")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"| task | seeds | paired fused:auto − standard, same rows, mean ± sd over seeds: {at} moves |",
               "|---|---|---|"]
     for task in dict.fromkeys(r["task"] for r in records):
         runs = [r for r in records if r["task"] == task]
-        diffs = [[paired(r["lengths"][str(m)]["fused:auto"], r["lengths"][str(m)]["standard"]) for r in runs]
-                 for m in lengths]
-        cells = [f"{statistics.mean(d):+.3f}" + (f" ± {statistics.stdev(d):.3f}" if len(d) > 1 else "") for d in diffs]
+        cells = []
+        for m in lengths:
+            d = [paired(r["lengths"][str(m)]["fused:auto"], r["lengths"][str(m)]["standard"])
+                 for r in runs if str(m) in r["lengths"]]
+            spread = f" ± {statistics.stdev(d):.3f}" if len(d) > 1 else ""
+            cell = f"{statistics.mean(d):+.3f}{spread}" if d else "—"
+            cells.append(cell + (f" ({len(d)} of {len(runs)} seeds)" if d and len(d) != len(runs) else ""))
         lines.append(f"| {task} | {[r['seed'] for r in runs]} | " + " / ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(records: list[dict], out: Path) -> Path | None:
-    """One panel per task: accuracy against the prompt's moves, per mode the mean over seeds (± sd) and
-    every seed as a thin line."""
+    """One panel per task: accuracy against the prompt's moves, per mode the mean (± sd) over the seeds graded
+    at each length and every seed as a thin line."""
     try:
         import matplotlib
 
@@ -134,14 +143,15 @@ def plot(records: list[dict], out: Path) -> Path | None:
     styles = {"fused:auto": ("C0", "o", "-"), "standard": ("C1", "x", ":")}
     for ax, task in zip(axes.flat, tasks):
         runs = [r for r in records if r["task"] == task]
-        lengths = sorted(set.intersection(*({int(m) for m in r["lengths"]} for r in runs)))
+        lengths = sorted({int(m) for r in runs for m in r["lengths"]})
         for mode, (color, marker, line) in styles.items():
-            accs = [[r["lengths"][str(m)][mode]["accuracy"] for r in runs] for m in lengths]
-            for seed_accs in zip(*accs):
-                ax.plot(lengths, seed_accs, color=color, lw=0.6, alpha=0.4)
+            for r in runs:
+                own = sorted(int(m) for m in r["lengths"])
+                ax.plot(own, [r["lengths"][str(m)][mode]["accuracy"] for m in own], color=color, lw=0.6, alpha=0.4)
+            accs = [[r["lengths"][str(m)][mode]["accuracy"] for r in runs if str(m) in r["lengths"]] for m in lengths]
             ax.errorbar(lengths, [statistics.mean(a) for a in accs],
                         yerr=[statistics.stdev(a) if len(a) > 1 else 0.0 for a in accs], color=color,
-                        marker=marker, ls=line, capsize=3, label=f"FBT {mode} (mean ± sd over seeds)")
+                        marker=marker, ls=line, capsize=3, label=f"FBT {mode} (mean ± sd over the seeds graded there)")
         ax.axvline(lengths[0], color="grey", lw=0.8, ls=":")
         ax.axhline(0.9, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log", base=2)

@@ -59,3 +59,10 @@ def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_
             assert exit_.code == code
         else:
             raise AssertionError("--has must exit")
+
+    # a run graded at fewer lengths (an earlier grading script) shows — there, and its task's difference says
+    # over how many seeds it is
+    short = {**record, "seed": 1, "lengths": {m: record["lengths"][m] for m in ("2", "16")}}
+    rows = table.table([record, short]).splitlines()
+    assert rows[3].startswith("| parity | 1 |") and " / — / — / " in rows[3]
+    assert rows[-1].startswith("| parity | [0, 1] | ") and rows[-1].count("(1 of 2 seeds)") == 2
