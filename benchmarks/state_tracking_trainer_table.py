@@ -164,7 +164,9 @@ def plot(records: list[dict], out: Path) -> Path | None:
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7, loc="center left")
-    fig.suptitle("fullband train --config state-tracking, then fullband bench OUT/best (kept model)", fontsize=10)
+    # one line across three panels, two over a single one
+    sep = " " if cols > 1 else "\n"
+    fig.suptitle(f"fullband train --config state-tracking,{sep}then fullband bench OUT/best (kept model)", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
