@@ -8,6 +8,9 @@
 #   LABEL=... JOBS="s5:0 s5:1" sh benchmarks/state_tracking_trainer_queue.sh [TRAIN OPTIONS...]
 set -e
 : "${LABEL:?set LABEL, the runs name suffix}" "${JOBS:?set JOBS, e.g. JOBS=\"s5:0 s5:1\"}"
+# The table script names its JSON after LABEL and takes letters, digits and _ only: refuse another LABEL
+# before hours of training whose grades it could not merge.
+case $LABEL in *[!A-Za-z0-9_]*) echo "LABEL=$LABEL: letters, digits and _ only (e.g. len16_decay05)" >&2; exit 2;; esac
 export MOVES=16 OMP_NUM_THREADS=1
 PY=${PYTHON:-.venv/bin/python}
 TRAIN_OPTIONS="$*"

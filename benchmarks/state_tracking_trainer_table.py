@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
                    "'' = no plot)")
     args = p.parse_args(argv)
     if not re.fullmatch(r"\w+", args.label):
-        raise SystemExit(f"--label {args.label!r}: letters, digits and _ only (a run directory's suffix)")
+        # p.error exits 2: --has's 1 ("not held") would make a queue train a run it cannot merge.
+        p.error(f"--label {args.label!r}: letters, digits and _ only (a run directory's suffix)")
     args.out = args.out or ROOT / f"benchmarks/results/state_tracking_trainer/{args.label}.json"
     args.plot = ROOT / f"docs/state_tracking_trainer_{args.label}.png" if args.plot is None else args.plot
     old = json.loads(args.out.read_text()) if args.out.is_file() else []
