@@ -491,7 +491,7 @@ class Trainer:
                 final_eval = self._evaluate(model, dataset, step, tokens, autocast, writer)
                 best = self._keep_if_best(model, final_eval, step, best, dataset)
                 if best is not None:
-                    self._log(f"best validation {best['loss_name']} loss {best['loss']:.4f} at step {best['step']}: "
+                    self._log(f"best validation {best['loss_name']} loss {best['loss']:.5g} at step {best['step']}: "
                               f"{self.out_dir / 'best'}")
         finally:
             if progress is not None:
@@ -570,7 +570,9 @@ class Trainer:
             if writer is not None:
                 for name, value in result.loss.items():
                     writer.add_scalar(f"val/{name}", value, step)
-            losses = ", ".join(f"{k} {v:.4f}" for k, v in result.loss.items())
+            # 5 significant digits, not 4 decimals: an exact recurrence's loss of 1e-7 and one of 1e-4 differ in
+            # how far the state extrapolates (docs/results.md, state tracking), and both read 0.0001 as decimals.
+            losses = ", ".join(f"{k} {v:.5g}" for k, v in result.loss.items())
             self._log(f"eval @ step {step}: {losses}")
         return result
 
