@@ -8,15 +8,20 @@
 #   LABEL=... JOBS="s5:0 s5:1" sh benchmarks/state_tracking_trainer_queue.sh [TRAIN OPTIONS...]
 set -e
 : "${LABEL:?set LABEL, the runs name suffix}" "${JOBS:?set JOBS, e.g. JOBS=\"s5:0 s5:1\"}"
-# The table script names its JSON after LABEL and takes letters, digits and _ only: refuse another LABEL
-# before hours of training whose grades it could not merge.
-case $LABEL in *[!A-Za-z0-9_]*) echo "LABEL=$LABEL: letters, digits and _ only (e.g. len16_decay05)" >&2; exit 2;; esac
 export MOVES=16 OMP_NUM_THREADS=1
 PY=${PYTHON:-.venv/bin/python}
 TRAIN_OPTIONS="$*"
+held() {  # TASK SEED: exit 0 if the JSON holds the run, 1 if not; anything else (e.g. a LABEL the table script
+    # cannot name its JSON after) stops the queue instead of training a run whose grades could not be merged
+    rc=0
+    "$PY" benchmarks/state_tracking_trainer_table.py --label "$LABEL" --has "$1" "$2" || rc=$?
+    if [ "$rc" -gt 1 ]; then exit "$rc"; fi
+    return "$rc"
+}
+held - 0 || true  # before any training: the same check on no run in particular
 run() {  # TASK SEED
     out=runs/st_trainer_$1_s$2_$LABEL
-    if "$PY" benchmarks/state_tracking_trainer_table.py --label "$LABEL" --has "$1" "$2"; then return 0; fi
+    if held "$1" "$2"; then return 0; fi
     if [ ! -f "$out/bench128/results.json" ]; then
         if [ -f "$out/config.yaml" ]; then resume=--resume; else resume=; fi
         echo "== $1 seed $2 $TRAIN_OPTIONS ($(date -u +%H:%M:%S))"

@@ -68,14 +68,14 @@ def test_trainer_script_runs_and_its_table_pairs_the_modes_on_the_same_rows(tmp_
     assert rows[-1].startswith("| parity | [0, 1] | ") and rows[-1].count("(1 of 2 seeds)") == 2
 
 
-def test_a_label_the_table_cannot_name_is_refused_before_any_training(tmp_path):
+def test_a_label_the_table_cannot_name_is_refused_before_any_training():
     # "len16_decay0.5" once trained for 30 minutes and then could not be merged: refuse it up front, and
     # never with --has's "not held" (exit 1), which would make the queue train it.
     env = {**os.environ, "PYTHON": sys.executable, "LABEL": "len16_decay0.5", "JOBS": "parity:0"}
-    queue = subprocess.run(["sh", str(ROOT / "benchmarks/state_tracking_trainer_queue.sh")], env=env, cwd=tmp_path,
+    queue = subprocess.run(["sh", "benchmarks/state_tracking_trainer_queue.sh"], env=env, cwd=ROOT,
                            capture_output=True, text=True)
     assert queue.returncode == 2 and "letters, digits and _ only" in queue.stderr
-    assert not (tmp_path / "runs").exists()
+    assert not list((ROOT / "runs").glob("st_trainer_*_len16_decay0.5*"))  # no run, no data, no lane log
     has = subprocess.run([sys.executable, str(ROOT / "benchmarks/state_tracking_trainer_table.py"), "--label",
                           "len16_decay0.5", "--has", "parity", "0"], capture_output=True, text=True)
     assert has.returncode == 2 and "letters, digits and _ only" in has.stderr
