@@ -16,8 +16,7 @@ loop() {  # SEED: the benchmark's own loop, one core
         --out benchmarks/results/explore/s5_len16_4000_keep_best_seeds.jsonl --tasks s5 --seeds "$1"
 }
 lane_a() {
-    RECORDS=780000 LABEL=len16_12000 JOBS="s5:2" q --train.tokens 12288000
-    loop 3 && loop 4
+    RECORDS=780000 LABEL=len16_12000 JOBS="s5:2" q --train.tokens 12288000 && loop 3 && loop 4
 }
 lane_b() {
     LABEL=len16 JOBS="s5:3" q && LABEL=len16 JOBS="s5:4" q && LABEL=len16 JOBS="s5:5" q && loop 5

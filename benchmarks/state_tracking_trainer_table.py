@@ -12,6 +12,7 @@ the JSON is what a later machine has).
     python benchmarks/state_tracking_trainer_table.py --from-json        # the table from the committed JSON
     python benchmarks/state_tracking_trainer_table.py --label len16_8000 # runs/st_trainer_*_s*_len16_8000/
     python benchmarks/state_tracking_trainer_table.py --has s5 1         # exit 0 if the JSON holds that run
+    python benchmarks/state_tracking_trainer_table.py --label len16_8000 --against len16  # 8000 − 4000 steps
 """
 
 from __future__ import annotations
@@ -174,6 +175,30 @@ def plot(records: list[dict], out: Path) -> Path | None:
     return out
 
 
+def against(records: list[dict], other: list[dict], label: str, other_label: str) -> str:
+    """Per run both JSONs hold (same task and seed), this label − the other on the same rows with fused:auto, at
+    every length both were graded at; and at the longest, how many failing rows the two share against what
+    independent failures would share (failures of one run times those of the other over the rows)."""
+    others = {(r["task"], r["seed"]): r for r in other}
+    lines = [f"| task | seed | paired fused:auto, {label} − {other_label}, same rows (moves: difference) "
+             "| failing rows at the longest: this / other / shared (independent: expected) |", "|---|---|---|---|"]
+    for r in sorted(records, key=sort_key):
+        o = others.get((r["task"], r["seed"]))
+        common = sorted(int(m) for m in r["lengths"] if o and m in o["lengths"])
+        if not common:
+            continue
+        diffs = ", ".join(f"{m}: {paired(r['lengths'][str(m)]['fused:auto'], o['lengths'][str(m)]['fused:auto']):+.3f}"
+                          for m in common)
+        a, b = (x["lengths"][str(common[-1])]["fused:auto"] for x in (r, o))
+        fail_a, fail_b = ({i for i, c in enumerate(x["correct"]) if c == "0"} for x in (a, b))
+        expected = len(fail_a) * len(fail_b) / len(a["correct"])
+        lines.append(f"| {r['task']} | {r['seed']} | {diffs} | {len(fail_a)} / {len(fail_b)} / "
+                     f"{len(fail_a & fail_b)} ({expected:.1f}) |")
+    if len(lines) == 2:
+        raise SystemExit(f"no task and seed graded in both {label} and {other_label}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs",
@@ -184,18 +209,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--from-json", action="store_true", help="print the table from --out, without the runs")
     p.add_argument("--has", nargs=2, metavar=("TASK", "SEED"),
                    help="exit 0 if --out holds the record of that run, 1 if not (for the queue scripts)")
+    p.add_argument("--against", metavar="LABEL",
+                   help="instead of the table: per run held by both JSONs (LABEL.json beside --out), this label "
+                   "− LABEL on the same rows")
     p.add_argument("--plot", type=Path, help="where the plot goes (default docs/state_tracking_trainer_LABEL.png; "
                    "'' = no plot)")
     args = p.parse_args(argv)
-    if not re.fullmatch(r"\w+", args.label):
-        # p.error exits 2: --has's 1 ("not held") would make a queue train a run it cannot merge.
-        p.error(f"--label {args.label!r}: letters, digits and _ only (a run directory's suffix)")
+    for flag, label in (("--label", args.label), ("--against", args.against or "_")):
+        if not re.fullmatch(r"\w+", label):
+            # p.error exits 2: --has's 1 ("not held") would make a queue train a run it cannot merge.
+            p.error(f"{flag} {label!r}: letters, digits and _ only (a run directory's suffix)")
     args.out = args.out or ROOT / f"benchmarks/results/state_tracking_trainer/{args.label}.json"
     args.plot = ROOT / f"docs/state_tracking_trainer_{args.label}.png" if args.plot is None else args.plot
     old = json.loads(args.out.read_text()) if args.out.is_file() else []
     if args.has:
         task, seed = args.has
         sys.exit(0 if any(r["task"] == task and str(r["seed"]) == seed for r in old) else 1)
+    if args.against:
+        other = args.out.with_name(f"{args.against}.json")
+        if not old or not other.is_file():
+            raise SystemExit(f"--against needs {args.out} and {other}: grade both labels first")
+        print(against(old, json.loads(other.read_text()), args.label, args.against))
+        return
     if args.from_json:
         if not old:
             raise SystemExit(f"{args.out} does not exist: run without --from-json first")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("trainer_table", ROOT / "benchmarks" / "state_tracking_trainer_table.py")
 table = importlib.util.module_from_spec(spec)
@@ -79,3 +81,24 @@ def test_a_label_the_table_cannot_name_is_refused_before_any_training():
     has = subprocess.run([sys.executable, str(ROOT / "benchmarks/state_tracking_trainer_table.py"), "--label",
                           "len16_decay0.5", "--has", "parity", "0"], capture_output=True, text=True)
     assert has.returncode == 2 and "letters, digits and _ only" in has.stderr
+
+
+def _record(seed: int, correct_at: dict[str, str]) -> dict:
+    return {"task": "s5", "seed": seed, "lengths": {
+        m: {"fused:auto": {"problems": [str(i) for i in range(len(c))], "correct": c}} for m, c in correct_at.items()}}
+
+
+def test_against_pairs_two_labels_on_the_same_rows_and_counts_shared_failures(tmp_path, capsys):
+    # seed 2 in both labels (seed 1 only in one: left out); at 128 moves "new" fails rows 0 and 1, "old" rows 1-3
+    (tmp_path / "new.json").write_text(json.dumps([_record(1, {"16": "1111"}),
+                                                   _record(2, {"16": "1111", "64": "1110", "128": "0011"})]))
+    (tmp_path / "old.json").write_text(json.dumps([_record(2, {"16": "1111", "128": "1000"})]))
+    table.main(["--label", "new", "--out", str(tmp_path / "new.json"), "--against", "old"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| s5")]
+    # 128: (0+0+1+1)/4 − (1+0+0+0)/4 = +0.25; failures 2 and 3, one shared, 2 × 3 / 4 = 1.5 if independent
+    assert rows == ["| s5 | 2 | 16: +0.000, 128: +0.250 | 2 / 3 / 1 (1.5) |"]
+    (tmp_path / "old.json").write_text(json.dumps([_record(2, {"16": "11"})]))  # graded on other rows
+    with pytest.raises(SystemExit, match="different rows"):
+        table.main(["--label", "new", "--out", str(tmp_path / "new.json"), "--against", "old"])
+    with pytest.raises(SystemExit, match="grade both labels first"):
+        table.main(["--label", "new", "--out", str(tmp_path / "new.json"), "--against", "missing"])
