@@ -4,12 +4,13 @@ Variants, same model size, batch and sequence length, train mode, AdamW:
 
 - ``plain``: ``model(ids)`` + cross-entropy, i.e. an ordinary transformer step (the fusion module exists
   but is never called, so it gets no gradient and AdamW skips it);
-- ``K=1``: ``model.multipass(ids, passes=1, labels=..., prefix_mixin=1.0)``: exactly the plain computation
+- ``K=1``: ``multipass_loss(model, ids, labels, passes=1, prefix_mixin=1.0)`` (``fullband.train.objective``, the
+  trainer's loss): exactly the plain computation
   (with one pass there is no feedback, no jitter and no mixin; the fusion module is never touched);
 - ``K=2``, ``K=3``: the multi-pass objective (jitter σ = config.feedback_jitter, prefix mixin 1.0),
   gradients flowing through every pass (the default);
 - ``K=2 detach, per-pass backward``, ``K=3 detach, per-pass backward``: the same with ``detach=True``
-  (the carried states are detached) and ``backward_scale=1.0``: ``multipass`` backpropagates each pass's
+  (the carried states are detached) and ``backward_scale=1.0``: ``multipass_loss`` backpropagates each pass's
   loss term right after that pass and frees its graph. This is what the trainer does with
   ``train.detach_passes=true`` in a single process (``backward_scale = 1 / grad_accum``, here 1);
 - ``K=3 detach, one backward``: ``detach=True`` with one ``loss.backward()`` after all passes
@@ -17,7 +18,7 @@ Variants, same model size, batch and sequence length, train mode, AdamW:
   synchronise once per backward), and what it did everywhere before ``backward_scale`` existed.
 
 A step is ``zero_grad(set_to_none=True)``, forward and backward (one ``loss.backward()``, or the
-per-pass backwards inside ``multipass``), ``optimizer.step()``. The
+per-pass backwards inside ``multipass_loss``), ``optimizer.step()``. The
 variants are interleaved: each repetition runs one step of every variant, in an order rotated from
 repetition to repetition; ratios are paired within a repetition and summarised by median (min–max).
 
@@ -56,6 +57,7 @@ import torch.nn.functional as F
 from common import add_common_arguments, machine_info, print_header, setup_device
 
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.train.objective import multipass_loss
 
 SIZES = {
     "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
@@ -101,16 +103,17 @@ def forward_backward(model, ids, targets, variant: str, generator) -> None:
     if passes == 0:
         loss = F.cross_entropy(model(ids).logits.flatten(0, 1).float(), targets.flatten())
     else:
-        out = model.multipass(
+        out = multipass_loss(
+            model,
             ids,
-            passes=passes,
-            labels=targets,
+            targets,
+            passes,
             prefix_mixin=1.0,
             detach=backward != "graph",
             backward_scale=1.0 if backward == "per-pass" else None,
             generator=generator,
         )
-        if backward == "per-pass":  # multipass has backpropagated every term already (out.loss is detached)
+        if backward == "per-pass":  # multipass_loss has backpropagated every term already (out.loss is detached)
             return
         loss = out.loss
         del out

@@ -13,7 +13,7 @@ import torch
 
 from fullband import FullBandConfig, FullBandLM
 
-FUSIONS = ("gate", "gate_token", "concat", "add")
+FUSIONS = ("gate", "concat", "add")
 SOURCES = ("final_norm", "residual")
 
 # Model features the exactness tests are parametrised over (all tiny: 2 layers, d_model 32).

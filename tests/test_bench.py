@@ -15,10 +15,11 @@ import torch
 from fullband import FullBandConfig, FullBandLM
 from fullband.bench import runner
 from fullband.bench.metrics import pass_at_k
-from fullband.bench.runner import BenchSettings, parse_mode, parse_modes, run_bench
+from fullband.bench.runner import BenchSettings, parse_modes, run_bench
 from fullband.bench.tasks import JsonlTask, ReasoningGymTask, make_task
 from fullband.cli import main
 from fullband.data.tokenizers import ByteTokenizer
+from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate
 from fullband.loading import encode_prompt
@@ -71,16 +72,19 @@ def reference_completion(model, tokenizer, prompt: str, max_new: int, **kwargs) 
     return out
 
 
-def test_parse_modes():
-    assert parse_mode("standard").mode == "standard"
-    assert parse_mode("fused") == parse_mode("fused:1")
-    assert parse_mode("fused:3").generate_kwargs(0.1, 5) == {"mode": "fused", "fused_passes": 3}
-    assert parse_mode("fused:auto").generate_kwargs(0.1, 5) == {
-        "mode": "fused", "fused_passes": "auto", "fused_tol": 0.1, "fused_max_passes": 5}
+def test_parse_modes_reads_labels_against_the_stored_settings():
+    stored = DecodeSettings("fused", "auto", fused_tol=0.1, fused_max_passes=5)
+    assert parse_modes("standard")[0].mode == "standard"
+    assert parse_modes("fused") == parse_modes("fused:1")  # no stored settings: the defaults
+    assert parse_modes("fused", stored)[0] == stored  # "fused" takes the stored passes
+    assert parse_modes("fused:3", stored)[0] == DecodeSettings("fused", 3, 0.1, 5)
+    assert parse_modes("fused:auto")[0] == DecodeSettings("fused", "auto")
     assert [m.label for m in parse_modes("soft, fused:2,soft")] == ["soft", "fused:2"]
-    for bad in ("fused:0", "fused:x", "turbo"):
-        with pytest.raises(ConfigError, match="unknown decode mode"):
-            parse_mode(bad)
+    for bad in ("fused:0", "fused:x"):
+        with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1 or 'auto'"):
+            parse_modes(bad)
+    with pytest.raises(ConfigError, match="unknown decode mode 'turbo'"):
+        parse_modes("turbo")
 
 
 @pytest.mark.parametrize("modes", [["standard", "soft"], ["fused:2"]])
@@ -93,9 +97,8 @@ def test_batched_greedy_equals_one_prompt_at_a_time(model_and_tokenizer, tmp_pat
     problems = {p.id: p for p in task.problems(6)}
     assert len({len(p.prompt) for p in problems.values()}) > 1  # ragged batches (left padding) are exercised
     for row in got:
-        mode = parse_mode(row["mode"])
-        ref = reference_completion(model, tokenizer, row["prompt"], task.default_max_new_tokens,
-                                   **mode.generate_kwargs(0.0, 1))
+        mode = parse_modes(row["mode"])[0]
+        ref = reference_completion(model, tokenizer, row["prompt"], task.default_max_new_tokens, decode=mode)
         assert row["length"] == len(ref)
         assert row["completion"] == tokenizer.decode(ref).split("\n")[0]
         assert row["score"] == float(task.task.check(problems[row["problem"]].reference, row["completion"]))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from fullband.config import SECTIONS, RunConfig, build_config, field_help, load_config
 from fullband.errors import ConfigError, FullbandError
 from fullband.loading import PRESET_DIR
+from fullband.model import FullBandConfig
 
 
 def test_defaults_and_round_trip(tmp_path):
@@ -124,3 +126,42 @@ def test_every_field_has_help():
     for cls in SECTIONS.values():
         for f in dataclasses.fields(cls):
             assert field_help(cls, f.name), f"{cls.__name__}.{f.name} has no help text"
+
+
+# ---- options removed after commit 38f4146 (they lost in experiments; docs/results.md) ---------------------
+
+REMOVED_OFF = {"model": {"embed_norm": False, "fusion": "gate"},
+               "train": {"last_pass_loss_from": 1.0, "later_pass_weight_ramp": 0.0, "fusion_lr_multiplier": 1.0,
+                         "fusion_warmup_steps": 0, "pass_loss": "paper"}}
+
+
+def test_a_saved_run_config_naming_removed_options_at_their_off_value_still_loads():
+    """A run saved before the removal lists every field (RunConfig.save): its config.yaml must still resume."""
+    raw = RunConfig().to_dict()
+    for section, values in REMOVED_OFF.items():
+        raw[section].update(values)
+    assert build_config(raw).to_dict() == RunConfig().to_dict()
+    overrides = {"train.fusion_warmup_steps": "0", "model.embed_norm": "false"}
+    assert build_config({}, overrides).to_dict() == RunConfig().to_dict()
+
+
+@pytest.mark.parametrize("section, name, value", [
+    ("model", "embed_norm", True), ("model", "fusion", "gate_token"), ("train", "last_pass_loss_from", 0.5),
+    ("train", "later_pass_weight_ramp", 0.5), ("train", "fusion_lr_multiplier", 3.0),
+    ("train", "fusion_warmup_steps", 100), ("train", "pass_loss", "first+last"),
+])
+def test_a_config_that_uses_a_removed_option_names_the_commit_that_has_it(section, name, value):
+    with pytest.raises(ConfigError, match=f"{name}.*removed.*38f4146"):
+        build_config({section: {name: value}})
+    with pytest.raises(ConfigError, match="38f4146"):
+        build_config({}, {f"{section}.{name}": str(value)})
+
+
+def test_an_old_model_config_json_loads_unless_it_uses_a_removed_feature(tmp_path):
+    fields = FullBandConfig().to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**fields, "embed_norm": False, "fusion": "gate"}))
+    assert FullBandConfig.load(tmp_path / "config.json") == FullBandConfig()
+    for removed in ({"embed_norm": True}, {"fusion": "gate_token"}):
+        (tmp_path / "config.json").write_text(json.dumps({**fields, **removed}))
+        with pytest.raises(ValueError, match=f"{next(iter(removed))}.*removed.*38f4146"):
+            FullBandConfig.load(tmp_path / "config.json")

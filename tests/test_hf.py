@@ -30,7 +30,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 from fullband.errors import ConfigError  # noqa: E402
 from fullband.generation import generate as fb_generate  # noqa: E402
 from fullband.hf import convert_from_hf, export_hf, register  # noqa: E402
-from fullband.model import FullBandLM, KVCache  # noqa: E402
+from fullband.kv_cache import KVCache  # noqa: E402
+from fullband.model import FullBandLM  # noqa: E402
 
 HF_CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 VOCAB = 101
@@ -252,12 +253,14 @@ def test_export_layout_and_remote_code(exported):
     config = json.loads((exp / "config.json").read_text())
     assert config["model_type"] == "fullband"
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_fullband.FullBandForCausalLM"
-    for name in ("model.safetensors", "modeling_fullband.py", "configuration_fullband.py", "fullband_model.py"):
+    for name in ("model.safetensors", "modeling_fullband.py", "configuration_fullband.py", "fullband_model.py",
+                 "kv_cache.py"):
         assert (exp / name).is_file(), name
     assert type(model).__module__.startswith("transformers_modules")  # the copied code, not the package
     from transformers.dynamic_module_utils import get_imports
 
     assert "fullband" not in get_imports(exp / "fullband_model.py")
+    assert "fullband" not in get_imports(exp / "kv_cache.py")
     ids = torch.randint(0, VOCAB, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, fb(ids).logits, atol=1e-5, rtol=0)
@@ -387,6 +390,29 @@ def test_convert_and_export_keep_bfloat16(tmp_path):
     assert config["decode_mode"] == "soft" and config["fused_passes"] == 2
     with pytest.raises(ConfigError, match="dtype"):
         convert_from_hf(src, tmp_path / "fb2", dtype="bf16")
+
+
+def test_a_converted_model_decodes_in_standard_mode_until_trained(tmp_path):
+    """Its fusion was never trained: every door's default is standard, stored with the weights; an export may
+    choose other defaults, including fused:auto, which its generate() then runs."""
+    from fullband.decoding import DecodeSettings
+
+    src, _ = _save_hf(tmp_path, "llama_gqa")
+    dst = convert_from_hf(src, tmp_path / "fb")
+    assert json.loads((dst / "generation_config.json").read_text())["decode_mode"] == "standard"
+    model = FullBandLM.from_pretrained(dst).eval()
+    assert DecodeSettings.of(model) == DecodeSettings("standard")
+    exp = export_hf(dst, tmp_path / "exp", decode_mode="fused", fused_passes="auto", fused_max_passes=5)
+    config = json.loads((exp / "config.json").read_text())
+    assert (config["decode_mode"], config["fused_passes"], config["fused_max_passes"]) == ("fused", "auto", 5)
+    hf = AutoModelForCausalLM.from_pretrained(exp, trust_remote_code=True)
+    ids = torch.randint(3, VOCAB, (1, 6))
+    out = hf.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    ref = fb_generate(model, ids, 4, mode="fused", fused_passes="auto", fused_max_passes=5)
+    assert torch.equal(out.sequences[:, 6:], ref)
+    assert out.past_key_values.settings == DecodeSettings("fused", "auto", fused_max_passes=5)
+    with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1 or 'auto', got 0"):
+        export_hf(dst, tmp_path / "bad", fused_passes=0)
 
 
 def test_forward_without_cache_fused_passes_match_multipass(exported):

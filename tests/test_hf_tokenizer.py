@@ -159,7 +159,7 @@ def test_sft_of_a_converted_hugging_face_model(tmp_path, capsys):
     from fullband.cli import main
     from fullband.data import load_tokenizer
     from fullband.hf import convert_from_hf
-    from fullband.train.checkpoint import list_checkpoints
+    from fullband.storage import list_checkpoints
 
     _, hf_tok = _hf_bpe(["<s>", "</s>", "<pad>"], bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     torch.manual_seed(0)

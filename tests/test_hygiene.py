@@ -16,9 +16,11 @@ from test_train import steps_of, tiny_raw, write_yaml
 
 from fullband.cli import main
 from fullband.config import build_config
+from fullband.decoding import DecodeSettings
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.storage import list_checkpoints
 from fullband.train import train
-from fullband.train.checkpoint import list_checkpoints, write_checkpoint
+from fullband.train.checkpoint import write_checkpoint
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "fullband"
 
@@ -113,13 +115,57 @@ def test_import_graph_has_no_cycles():
         implied = {p for m in direct for p in _ancestors(m) if p != "fullband" and p not in _ancestors(name)}
         loading[name] = (direct | implied) - {name}
     assert _cycle(loading) is None, f"import cycle at import time: {' -> '.join(_cycle(loading))}"
-    # The model file stays self-contained: the HF export ships it as fullband_model.py.
-    assert anywhere["fullband.model"] == set()
+    # The model file imports only its KV cache, which imports nothing: the HF export ships the two files.
+    assert anywhere["fullband.model"] == {"fullband.kv_cache"}
+    assert anywhere["fullband.kv_cache"] == set()
 
 
 def test_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# The modules that drive training, so may import fullband.train: the command line and ``python -m fullband``
+# (``fullband train``), ``fullband sft`` and ``fullband demo`` (they train models).
+TRAINING_DRIVERS = {"fullband.__main__", "fullband.cli", "fullband.sft", "fullband.demo"}
+
+
+def _path_to_train(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """The shortest import chain [start, ..., fullband.train.x] from ``start`` into fullband.train, or None."""
+    parents: dict[str, str | None] = {start: None}
+    queue = [start]
+    for node in queue:
+        if node == "fullband.train" or node.startswith("fullband.train."):
+            chain = [node]
+            while parents[chain[-1]] is not None:
+                chain.append(parents[chain[-1]])
+            return chain[::-1]
+        for succ in sorted(graph.get(node, ())):
+            if succ not in parents:
+                parents[succ] = node
+                queue.append(succ)
+    return None
+
+
+def test_only_training_drivers_import_the_trainer():
+    """The layers: ``fullband.train`` (the loop, its objective, optimizers and checkpoint writing) sits on top
+    of the model, data, config, pass schedule (``fullband.schedule``) and model storage (``fullband.storage``).
+    Everything that loads or runs a model (loading, generation, serve, bench, hf, lm_eval, eval, jacobi, probe,
+    chat_cli, ...) sits beside the trainer and must not need it: no module outside ``fullband/train/`` but the
+    ``TRAINING_DRIVERS`` imports ``fullband.train``, directly or through other modules (a driver included),
+    at module level or inside a function. Importing ``a.b.c`` runs ``a.b``'s ``__init__`` too, so it counts."""
+    modules = _module_names()
+    graph = {}
+    for name, path in modules.items():
+        direct = _imports(name, path, modules, top_level_only=False)
+        graph[name] = direct | {p for m in direct for p in _ancestors(m) if p != "fullband"}
+    trainer = {m for m in modules if m == "fullband.train" or m.startswith("fullband.train.")}
+    assert "fullband.train.trainer" in trainer and TRAINING_DRIVERS <= set(modules)  # no stale names
+    offenders = {name: chain for name in sorted(set(modules) - trainer - TRAINING_DRIVERS)
+                 if (chain := _path_to_train(graph, name)) is not None}
+    assert not offenders, "modules that reach fullband.train: " + "; ".join(
+        " -> ".join(chain) for chain in offenders.values())
+    assert _path_to_train({"a": {"b"}, "b": {"fullband.train.x"}}, "a") == ["a", "b", "fullband.train.x"]
 
 
 # ---- file permissions ----------------------------------------------------------------------------
@@ -157,7 +203,7 @@ def test_save_pretrained_and_checkpoints_follow_the_umask(tmp_path, umask):
     tokenizer = tmp_path / "tokenizer"
     tokenizer.mkdir()
     (tokenizer / "tokenizer.json").write_text("{}")
-    write_checkpoint(tmp_path / "run", 3, model.state_dict(), model.config, tokenizer,
+    write_checkpoint(tmp_path / "run", 3, model.state_dict(), model.config, DecodeSettings.of(model), tokenizer,
                      {"state": {}, "param_groups": []}, {"step": 3}, keep=2)
     names = _assert_modes(tmp_path / "run" / "checkpoints", umask)
     assert {"step_00000003/model/model.safetensors", "step_00000003/optimizer.pt",

@@ -89,7 +89,8 @@ def test_decode_scoring_modes_differ():
 @pytest.mark.parametrize("passes", [0, 1, 3])
 def test_prefill_scoring_is_the_multipass_loss(passes):
     model = lively_model()
-    scores = score_continuations(model, CONTEXTS, CONTINUATIONS, fused_passes=passes, scoring="prefill")
+    mode = dict(mode="fused", fused_passes=passes) if passes else dict(mode="standard")
+    scores = score_continuations(model, CONTEXTS, CONTINUATIONS, scoring="prefill", **mode)
     for (ctx, cont), (logprobs, _) in zip(zip(CONTEXTS, CONTINUATIONS), scores):
         ids = torch.tensor([ctx + cont[:-1]])
         with torch.no_grad():
@@ -324,11 +325,11 @@ def test_bad_model_args_and_checkpoints(byte_model_dir, tmp_path):
 
     root, _, _ = byte_model_dir
     path = str(root / "model")
-    with pytest.raises(ValueError, match="decode_mode='loud' is not one of standard, soft, fused"):
+    with pytest.raises(ValueError, match="unknown decode_mode 'loud'; choose one of standard, soft, fused"):
         FullbandLM(pretrained=path, decode_mode="loud")
     with pytest.raises(ValueError, match="scoring='fast'"):
         FullbandLM(pretrained=path, scoring="fast")
-    with pytest.raises(ValueError, match="fused_passes='many'"):
+    with pytest.raises(ValueError, match="fused_passes must be an integer >= 1 or 'auto', got 'many'"):
         FullbandLM(pretrained=path, fused_passes="many")
     with pytest.raises(ValueError, match="batch_size='auto' must be a positive integer"):
         FullbandLM(pretrained=path, batch_size="auto")

@@ -1,5 +1,5 @@
 """Core equivalence tests of the model: plain path vs independent references, multi-pass (Jacobi) vs the
-exact recurrence, the training objective, and storage."""
+exact recurrence, and storage (the training loss over the passes: test_objective.py)."""
 
 from __future__ import annotations
 
@@ -42,11 +42,9 @@ def ref_rope(cfg: FullBandConfig, T: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def ref_fusion(sd, cfg, e, h):
     eps = cfg.norm_eps
-    if cfg.fusion in ("gate", "gate_token"):
-        token = ref_rmsnorm(e, sd["fusion.embed_norm.weight"], eps)
-        gate = torch.sigmoid(token @ sd["fusion.gate_proj.weight"].T)
-        fused = ref_rmsnorm((h @ sd["fusion.value_proj.weight"].T) * gate, sd["fusion.out_norm.weight"], eps)
-        return fused + token if cfg.fusion == "gate_token" else fused
+    if cfg.fusion == "gate":
+        gate = torch.sigmoid(ref_rmsnorm(e, sd["fusion.embed_norm.weight"], eps) @ sd["fusion.gate_proj.weight"].T)
+        return ref_rmsnorm((h @ sd["fusion.value_proj.weight"].T) * gate, sd["fusion.out_norm.weight"], eps)
     if cfg.fusion == "concat":
         return ref_rmsnorm(torch.cat([e, h], -1) @ sd["fusion.proj.weight"].T, sd["fusion.out_norm.weight"], eps)
     return e + h @ sd["fusion.proj.weight"].T
@@ -340,15 +338,18 @@ def test_gradient_flows_between_passes_unless_detached(fusion):
     labels = torch.randint(0, 64, (2, 8))
     params = [p for _, p in model.named_parameters()]
 
-    out = model.multipass(ids, passes=2, labels=labels)
-    (g_h1,) = torch.autograd.grad(out.pass_losses[1], out.hidden[0], retain_graph=True)
-    assert g_h1.abs().max() > 1e-6  # pass 2's loss reaches pass 1's states by default
-    grads = torch.autograd.grad(out.pass_losses[1], params)
+    def pass2_loss(out):
+        return F.cross_entropy(out.logits[1].flatten(0, 1), labels.flatten())
 
-    out_det = model.multipass(ids, passes=2, labels=labels, detach=True)
-    (g_h1_det,) = torch.autograd.grad(out_det.pass_losses[1], out_det.hidden[0], allow_unused=True, retain_graph=True)
+    out = model.multipass(ids, passes=2)
+    (g_h1,) = torch.autograd.grad(pass2_loss(out), out.hidden[0], retain_graph=True)
+    assert g_h1.abs().max() > 1e-6  # pass 2's loss reaches pass 1's states by default
+    grads = torch.autograd.grad(pass2_loss(out), params)
+
+    out_det = model.multipass(ids, passes=2, detach=True)
+    (g_h1_det,) = torch.autograd.grad(pass2_loss(out_det), out_det.hidden[0], allow_unused=True, retain_graph=True)
     assert g_h1_det is None or g_h1_det.abs().max() == 0
-    grads_det = torch.autograd.grad(out_det.pass_losses[1], params)
+    grads_det = torch.autograd.grad(pass2_loss(out_det), params)
 
     manual = torch.autograd.grad(_manual_pass2_loss(model, ids, labels, detach=False), params)
     manual_det = torch.autograd.grad(_manual_pass2_loss(model, ids, labels, detach=True), params)
@@ -361,58 +362,29 @@ def test_gradient_flows_between_passes_unless_detached(fusion):
     assert (grads[i] - grads_det[i]).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("passes", [2, 3])
-def test_per_pass_backward_equals_one_backward_when_detached(passes):
-    """backward_scale backpropagates each pass as it finishes (memory of one pass, not K): the
-    gradients and losses must equal one backward of the whole detached objective."""
-    model = make_model().double()
-    torch.manual_seed(8)
-    ids = torch.randint(0, 64, (2, 8))
-    labels = torch.randint(0, 64, (2, 8))
-    kwargs = dict(passes=passes, labels=labels, detach=True, later_pass_weight=0.7, z_loss=1e-3, prefix_mixin=1.0)
-
-    out = model.multipass(ids, generator=torch.Generator().manual_seed(1), **kwargs)
-    out.loss.backward()
-    reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-
-    out_now = model.multipass(ids, generator=torch.Generator().manual_seed(1), backward_scale=0.5, **kwargs)
-    assert not out_now.loss.requires_grad
-    torch.testing.assert_close(out_now.loss, out.loss.detach(), atol=1e-12, rtol=0)
-    assert set(reference) == {n for n, p in model.named_parameters() if p.grad is not None}
-    for name, param in model.named_parameters():
-        if name in reference:
-            torch.testing.assert_close(param.grad, 0.5 * reference[name], atol=1e-12, rtol=1e-10)
-    with pytest.raises(ValueError, match="detach"):
-        model.multipass(ids, passes=2, labels=labels, backward_scale=1.0)
-    lean = model.multipass(ids, generator=torch.Generator().manual_seed(1), keep_logits=False, **kwargs)
-    assert lean.logits == [] and len(lean.hidden) == passes
-    torch.testing.assert_close(lean.loss, out.loss, atol=1e-12, rtol=0)
-
-
-def test_loss_is_eq12_and_z_loss():
-    model = make_model()
-    torch.manual_seed(7)
-    ids = torch.randint(0, 64, (2, 8))
-    labels = torch.randint(0, 64, (2, 8))
-    labels[0, :3] = -100
+def test_iterate_passes_runs_a_pass_only_when_asked_and_checks_arguments_at_once():
+    model = make_model(fusion="add")
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(9))
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(len(calls)))
+    try:
+        passes = model.iterate_passes(ids, 3)
+        assert calls == []
+        first = next(passes)
+        assert len(calls) == 1
+        rest = list(passes)
+        assert len(calls) == 3 and len(rest) == 2
+    finally:
+        handle.remove()
     with torch.no_grad():
-        out = model.multipass(ids, passes=3, labels=labels, later_pass_weight=0.5)
-        out_z = model.multipass(ids, passes=3, labels=labels, later_pass_weight=0.5, z_loss=1e-2)
-        one = model.multipass(ids, passes=1, labels=labels)
-    assert len(out.pass_losses) == 3 and len(out.logits) == 3 and len(out.hidden) == 3
-    for logits, loss in zip(out.logits, out.pass_losses):
-        expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        torch.testing.assert_close(loss, expected, atol=1e-6, rtol=0)
-    L = out.pass_losses
-    torch.testing.assert_close(out.loss, L[0] + 0.5 * (L[1] + L[2]) / 2, atol=1e-6, rtol=0)
-    assert (L[1] - L[2]).abs() > 1e-6 and (L[0] - L[1]).abs() > 1e-6
-    torch.testing.assert_close(one.loss, one.pass_losses[0], atol=0, rtol=0)
-    valid = labels.flatten() != -100
-    lse2 = torch.stack([lg.flatten(0, 1).logsumexp(-1)[valid].pow(2).mean() for lg in out.logits]).mean()
-    torch.testing.assert_close(out_z.loss, out.loss + 1e-2 * lse2, atol=1e-6, rtol=0)
+        whole = model.multipass(ids, 3)
+    for got, want in zip([first, *rest], zip(whole.logits, whole.hidden, strict=True), strict=True):
+        torch.testing.assert_close(got.logits, want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got.hidden, want[1], atol=0, rtol=0)
     with pytest.raises(ValueError, match="passes"):
-        model.multipass(ids, passes=0)
+        model.iterate_passes(ids, passes=0)
+    with pytest.raises(ValueError, match="grad_passes"):
+        model.iterate_passes(ids, passes=2, grad_passes=0)
 
 
 def test_jitter_only_in_training_and_bounded():

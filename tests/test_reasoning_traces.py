@@ -1,20 +1,14 @@
-"""Addition's trace_percent option, and benchmarks/reasoning_traces.py --quick end to end (records, summary,
+"""Addition's trace_percent option, and experiments/traces/reasoning_traces.py --quick end to end (records, summary,
 plot, resume)."""
 
 import hashlib
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from experiments.traces import reasoning_traces as rt
 from fullband.data.synthetic import final_answer, get_task, synthetic_examples
 from fullband.errors import ConfigError
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reasoning_traces.py"
-spec = importlib.util.spec_from_file_location("reasoning_traces", SCRIPT)
-rt = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(rt)
 
 
 @pytest.mark.parametrize("task, digest", [

@@ -20,7 +20,7 @@ from fullband.data.tokenizers import ByteTokenizer
 from fullband.generation import generate
 from fullband.loading import encode_prompt
 
-MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 2)]
+MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 2), ("fused", "auto")]
 TOK = ByteTokenizer(chat=True)  # the byte tokenizer with the built-in chat template's tokens
 NAME = "tiny"
 
@@ -152,8 +152,13 @@ def test_logprobs(client, model):
 
 @pytest.mark.parametrize("body,param,message", [
     ({"decode_mode": "jacobi"}, "decode_mode", "unknown decode_mode"),
-    ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes", "fused_passes"),
-    ({"fused_passes": 65, "decode_mode": "fused"}, "fused_passes", "between 1 and 64"),
+    ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes", "fused_passes must be an integer >= 1 or 'auto'"),
+    ({"fused_passes": "many"}, "fused_passes", "fused_passes must be an integer >= 1 or 'auto', got 'many'"),
+    # The server's settings (here the model's stored ones) bound the passes one request may run.
+    ({"fused_passes": 9, "decode_mode": "fused"}, "fused_passes", "fused_passes must be at most 8 here"),
+    ({"fused_passes": "auto", "decode_mode": "fused", "fused_max_passes": 9}, "fused_max_passes",
+     "fused_max_passes must be at most 8 here"),
+    ({"fused_tol": -1}, "fused_tol", "fused_tol must be a number >= 0"),
     ({"max_tokens": 155}, "max_tokens", "exceeds the model's context length 160"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens"),
     ({"temperature": -1}, "temperature", "temperature"),
@@ -172,7 +177,8 @@ def test_bad_requests_get_400(client, server, body, param, message):
     assert message in error["message"] and error["type"] == "invalid_request_error"
     if param is not None:
         assert error["param"] == param
-    extra = {k: request.pop(k) for k in ("decode_mode", "fused_passes") if k in request}
+    extra = {k: request.pop(k) for k in ("decode_mode", "fused_passes", "fused_tol", "fused_max_passes")
+             if k in request}
     with pytest.raises(openai.BadRequestError, match=message):
         client.completions.create(**request, extra_body=extra)
 

@@ -10,11 +10,18 @@ import pytest
 import torch
 from conftest import make_model, reference_decode
 
+from fullband.decoding import DecodeSettings
 from fullband.generation import generate
 from fullband.serve import engine as engine_module
-from fullband.serve.engine import Engine, QueueFull, SamplingParams, Sequence
+from fullband.serve.engine import Engine, QueueFull, Sequence
+from fullband.serve.engine import SamplingParams as _SamplingParams
 
 MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3)]
+
+
+def SamplingParams(mode: str = "soft", fused_passes: int | str = 1, **kwargs) -> _SamplingParams:
+    """The engine's request parameters with the decode settings of ``mode`` and ``fused_passes``."""
+    return _SamplingParams(decode=DecodeSettings(mode, fused_passes), **kwargs)
 
 
 def collect(prompt: list[int], params: SamplingParams) -> tuple[Sequence, list]:
@@ -32,7 +39,7 @@ def run_to_end(engine: Engine, sequences: list[Sequence]) -> None:
 
 def reference(model, prompt, params: SamplingParams) -> list[int]:
     """The greedy tokens of fullband.generation.generate for the same prompt and mode."""
-    tokens = generate(model, [prompt], params.max_tokens, mode=params.mode, fused_passes=params.fused_passes)[0]
+    tokens = generate(model, [prompt], params.max_tokens, decode=params.decode)[0]
     return tokens.tolist()
 
 
@@ -76,10 +83,11 @@ def test_staggered_joins_match_generate(single_thread, monkeypatch, window):
     assert any(rows > 1 for rows, _ in shapes), shapes  # some sequences were prefilled together
     for _seq, events, prompt, params in sequences:
         got = [e.token for e in events]
-        assert got == reference(model, prompt, params), (params.mode, params.fused_passes)
+        assert got == reference(model, prompt, params), params.decode
         assert events[-1].finish_reason == "length" and all(e.finish_reason is None for e in events[:-1])
         # Every step's distribution equals that of decoding without any cache, recomputing the whole sequence.
-        _, step_logits = reference_decode(model, torch.tensor([prompt]), len(got), params.mode, params.fused_passes)
+        _, step_logits = reference_decode(model, torch.tensor([prompt]), len(got), params.decode.mode,
+                                         params.decode.fused_passes)
         expected = step_logits.log_softmax(-1)
         torch.testing.assert_close(torch.tensor([e.logprob for e in events], dtype=torch.float64),
                                    expected[torch.arange(len(got)), got], rtol=0, atol=1e-10)
@@ -156,8 +164,6 @@ def test_bad_requests_are_refused_before_queueing():
     model = make_model(seed=0, max_seq_len=16)
     engine = Engine(model)
     cases = [
-        ([1], SamplingParams(max_tokens=1, mode="jacobi"), "unknown decode_mode"),
-        ([1], SamplingParams(max_tokens=1, mode="fused", fused_passes=0), "fused_passes"),
         ([1] * 10, SamplingParams(max_tokens=7), "exceeds the model's context length 16"),
         ([1], SamplingParams(max_tokens=1, temperature=-1), "temperature"),
         ([1], SamplingParams(max_tokens=1, top_p=0), "top_p"),

@@ -15,8 +15,8 @@ from test_train import steps_of, tiny_config
 from fullband.cli import main
 from fullband.data import load_tokenizer
 from fullband.data.chat_examples import synthetic_chat_records, write_jsonl
+from fullband.storage import list_checkpoints
 from fullband.train import train
-from fullband.train.checkpoint import list_checkpoints
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 

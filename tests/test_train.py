@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fullband.config import RunConfig, build_config
+from fullband.storage import list_checkpoints
 from fullband.train import PassSchedule, train
-from fullband.train.checkpoint import list_checkpoints
 
 SEQ, BATCH = 32, 4
 

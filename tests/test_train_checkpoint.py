@@ -14,15 +14,15 @@ from test_train import read_metrics, steps_of, tiny_config
 
 from fullband.errors import CheckpointError
 from fullband.model import FullBandLM
-from fullband.train import train
-from fullband.train.checkpoint import (
+from fullband.storage import (
     find_tokenizer_dir,
     latest_valid_checkpoint,
     list_checkpoints,
-    read_checkpoint,
     resolve_model_dir,
     verify_checkpoint,
 )
+from fullband.train import train
+from fullband.train.checkpoint import read_checkpoint
 
 STEPS = 6
 

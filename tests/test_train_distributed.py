@@ -12,8 +12,8 @@ import test_train
 from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
 
 from fullband.config import build_config
+from fullband.storage import list_checkpoints
 from fullband.train import PassSchedule, train
-from fullband.train.checkpoint import list_checkpoints
 
 STEPS = 5
 # one K = 1 step, then K = 2 or 3; seed 1 draws both 2 and 3 (asserted below)

@@ -7,8 +7,8 @@ from test_train import steps_of, tiny_config
 
 from fullband.config import build_config
 from fullband.errors import ConfigError
+from fullband.storage import list_checkpoints
 from fullband.train import train
-from fullband.train.checkpoint import list_checkpoints
 
 
 def _weights(run) -> dict[str, torch.Tensor]:

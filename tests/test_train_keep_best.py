@@ -14,8 +14,8 @@ from test_train import steps_of, tiny_config
 
 from fullband.errors import ConfigError
 from fullband.loading import load_model, load_model_and_data, run_dir_of
+from fullband.storage import list_checkpoints, read_best
 from fullband.train import train
-from fullband.train.checkpoint import list_checkpoints, read_best
 
 parity_data = test_train.parity_data
 

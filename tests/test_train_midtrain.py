@@ -11,8 +11,8 @@ from test_train import read_metrics, steps_of, tiny_config
 from fullband.data import prepare_dataset
 from fullband.errors import DataError
 from fullband.model import FullBandLM
+from fullband.storage import list_checkpoints
 from fullband.train import train
-from fullband.train.checkpoint import list_checkpoints
 from fullband.train.trainer import Trainer
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)

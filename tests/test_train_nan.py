@@ -8,9 +8,9 @@ import torch
 from safetensors.torch import load_file
 from test_train import read_metrics, steps_of, tiny_config
 
-from fullband.model import FullBandLM
-from fullband.train import TrainingDiverged, train
-from fullband.train.checkpoint import latest_valid_checkpoint, list_checkpoints, read_checkpoint, verify_checkpoint
+from fullband.storage import latest_valid_checkpoint, list_checkpoints, verify_checkpoint
+from fullband.train import TrainingDiverged, objective, train
+from fullband.train.checkpoint import read_checkpoint
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 
@@ -20,17 +20,17 @@ def poison(monkeypatch):
     """poison({3: nan, 5: inf}): the training loss of the n-th training forward (1-based) becomes nan/inf."""
     bad: dict[int, float] = {}
     calls = {"n": 0}
-    original = FullBandLM.multipass
+    original = objective.multipass_loss
 
-    def multipass(self, *args, **kwargs):
-        out = original(self, *args, **kwargs)
-        if self.training:
+    def multipass_loss(model, *args, **kwargs):
+        out = original(model, *args, **kwargs)
+        if model.training:
             calls["n"] += 1
             if calls["n"] in bad:
                 out.loss = out.loss * bad[calls["n"]]
         return out
 
-    monkeypatch.setattr(FullBandLM, "multipass", multipass)
+    monkeypatch.setattr(objective, "multipass_loss", multipass_loss)
     return bad.update
 
 

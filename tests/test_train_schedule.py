@@ -9,8 +9,8 @@ import pytest
 
 from fullband.config import TrainConfig
 from fullband.errors import ConfigError
+from fullband.schedule import PRESETS, PassSchedule
 from fullband.train.optim import in_cooldown, lr_multiplier
-from fullband.train.schedule import PRESETS, PassSchedule
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -11,8 +11,9 @@ import argparse
 import sys
 from collections.abc import Iterable
 
+from fullband.cli_options import add_decode_options, decode_overrides
+from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
-from fullband.generation import MODES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -21,8 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--message", action="append", metavar="TEXT",
                    help="a user turn (repeat for several); without it, read turns from the terminal")
     p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
-    p.add_argument("--mode", default="soft", choices=MODES, help="decode mode (default: soft)")
-    p.add_argument("--fused-passes", type=int, default=1, help="extra fused prefill passes in fused mode (default: 1)")
+    add_decode_options(p, "fullband chat")
     p.add_argument("--max-new-tokens", type=int, default=200, help="longest answer in tokens (default: 200)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> None:
     from fullband.loading import load_model
 
     model, tokenizer = load_model(args.model, args.device)
+    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     stop = set(end_of_turn_ids(tokenizer))
     messages = [{"role": "system", "content": args.system}] if args.system else []
     for turn in _user_turns(args):
@@ -61,9 +62,8 @@ def run(args: argparse.Namespace) -> None:
         if room < 1:
             raise FullbandError(f"the conversation is {len(prompt)} tokens, the model's max_seq_len is "
                                 f"{model.config.max_seq_len}: start a new conversation")
-        stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), mode=args.mode,
-                                 fused_passes=args.fused_passes, temperature=args.temperature, top_p=args.top_p,
-                                 seed=args.seed)
+        stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), decode=decode,
+                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed)
         produced: list[int] = []
         shown = ""
         if args.message:  # echo scripted turns, so the transcript reads like the interactive one

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullband.cli_options import add_config_options, add_validation_data_options
+from fullband.cli_options import add_config_options, add_decode_options, add_validation_data_options, decode_overrides
 from fullband.config import RunConfig, load_config
+from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
-from fullband.loading import default_fused_max_passes, encode_prompt, load_model, preset_path, run_dir_of
-from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
+from fullband.generation import generate_stream
+from fullband.loading import encode_prompt, load_model, preset_path
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -68,37 +69,19 @@ def cmd_eval(args: argparse.Namespace) -> None:
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2))
 
 
-def fused_passes_arg(text: str) -> int | str:
-    """argparse type of --fused-passes: a non-negative integer or 'auto'."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer or 'auto', got {text!r}")
-    return value
-
-
 def cmd_generate(args: argparse.Namespace) -> None:
-    from fullband.generation import generate_stream
-
     model, tokenizer = load_model(args.checkpoint, args.device)
+    settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
-    max_passes = args.fused_max_passes
-    if max_passes is None:
-        max_passes = default_fused_max_passes(run_dir_of(args.checkpoint), model.config.max_seq_len)
-    kwargs = dict(mode=args.mode, fused_passes=args.fused_passes, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed, fused_tol=args.fused_tol,
-                  fused_max_passes=max_passes, stats=stats)
-    stream = generate_stream(model, [prompt], args.max_new_tokens, **kwargs)
+    stream = generate_stream(model, [prompt], args.max_new_tokens, decode=settings, temperature=args.temperature,
+                             top_k=args.top_k, top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed,
+                             stats=stats)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
-    if args.mode == "fused" and args.fused_passes == "auto" and stats:
+    if settings.mode == "fused" and settings.fused_passes == "auto" and stats:
         cut = "" if stats["fused_converged"][0] else (
-            f" (cut off at --fused-max-passes {max_passes} with the states still changing by more than --fused-tol "
-            f"{args.fused_tol}: fused({max_passes}), not the converged prefill)")
+            f" (cut off at fused_max_passes {settings.fused_max_passes} with the states still changing by more than "
+            f"fused_tol {settings.fused_tol:g}: fused({settings.fused_max_passes}), not the converged prefill)")
         print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes{cut}", file=sys.stderr)
     sys.stdout.write(args.prompt)
     produced: list[int] = []
@@ -132,9 +115,8 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 def cmd_export_hf(args: argparse.Namespace) -> None:
     from fullband.hf import export_hf
-    from fullband.train.checkpoint import resolve_model_dir
 
-    print(f"wrote {export_hf(resolve_model_dir(args.checkpoint), args.out)}")
+    print(f"wrote {export_hf(args.checkpoint, args.out, **decode_overrides(args))}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,15 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text in standard, soft or fused mode")
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--prompt", required=True, help="prompt text")
-    p.add_argument("--mode", default="soft", choices=["standard", "soft", "fused"], help="decode mode (default: soft)")
-    p.add_argument("--fused-passes", type=fused_passes_arg, default=1, metavar="N|auto",
-                   help="extra fused prefill passes in fused mode, or 'auto': until the prompt's states change by "
-                   "at most --fused-tol, at most --fused-max-passes (default: 1)")
-    p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
-                   help=f"--fused-passes auto: largest relative state change to stop at (default: {DEFAULT_FUSED_TOL})")
-    p.add_argument("--fused-max-passes", type=int,
-                   help="--fused-passes auto: at most this many passes (default: the model's max_seq_len for a run "
-                   f"trained with train.schedule exact, else {DEFAULT_FUSED_MAX_PASSES})")
+    add_decode_options(p, "fullband generate")
     p.add_argument("--max-new-tokens", type=int, default=200, help="default: 200")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
@@ -202,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export-hf", help="export to a transformers directory (trust_remote_code)")
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
+    add_decode_options(p, "the export's generate()")
     p.set_defaults(func=cmd_export_hf)
     from fullband import jacobi, lm_eval_cli
 

@@ -46,3 +46,27 @@ def add_validation_data_options(parser: argparse.ArgumentParser, batches: int) -
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+
+
+def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation") -> None:
+    """--decode-mode, --fused-passes, --fused-tol and --fused-max-passes: each replaces one field of the
+    decode settings stored with the model (``fullband.decoding``), which is what an option left out keeps.
+    The values are checked by ``DecodeSettings``, so every command reports a bad one in the same words."""
+    group = parser.add_argument_group(
+        "decode settings", f"{what} decodes with the settings stored with the model (from how it was trained: "
+        "standard for a model whose fusion was never trained, soft for the paper's schedule, fused:auto up to the "
+        "context for the exact schedule); these options replace single fields")
+    group.add_argument("--decode-mode", "--mode", dest="decode_mode", metavar="standard|soft|fused",
+                       help="decode mode")
+    group.add_argument("--fused-passes", metavar="N|auto",
+                       help="fused mode: extra fused prefill passes over the prompt, or 'auto': until the prompt's "
+                       "states change by at most --fused-tol in a pass, at most --fused-max-passes")
+    group.add_argument("--fused-tol", metavar="TOL", help="fused:auto: largest relative state change to stop at")
+    group.add_argument("--fused-max-passes", metavar="N",
+                       help="fused:auto: at most this many passes (and a server's bound per request)")
+
+
+def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode settings fields given on the command line (``add_decode_options``)."""
+    return {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
+            "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}

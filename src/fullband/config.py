@@ -17,7 +17,8 @@ import yaml
 
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
-from fullband.model import PASS_LOSSES, FullBandConfig
+from fullband.model import REMOVED_FIELDS, REMOVED_IN, FullBandConfig
+from fullband.schedule import EXACT, PASS_LOSSES, PassSchedule
 
 
 def _f(default: Any, help: str) -> Any:
@@ -54,24 +55,7 @@ class TrainConfig:
     pass_loss: str = _f(
         "paper",
         "which passes carry the loss: 'paper' (Eq. 12, L1 + λ·mean(L2..LK)), 'last' (LK only: with schedule "
-        "exact, the exact recurrence), 'paper+last' (Eq. 12 + LK) or 'first+last' (L1 + LK); all but 'paper' are "
-        "beyond the paper",
-    )
-    last_pass_loss_from: float = _f(
-        1.0,
-        "from this fraction of the steps on, the loss is on the last pass alone (pass_loss 'last'), whatever "
-        "pass_loss says before; 1 = never (the paper)",
-    )
-    later_pass_weight_ramp: float = _f(
-        0.0,
-        "ramp λ linearly from 0 to later_pass_weight over this fraction of the feedback phase (the steps from "
-        "the first phase that allows K > 1 to the end); 0 = λ from the start (the paper)",
-    )
-    fusion_lr_multiplier: float = _f(1.0, "the fusion's parameters (model.fusion.*) train at this multiple of the lr")
-    fusion_warmup_steps: int = _f(
-        0,
-        "the first N steps of the feedback phase detach the fed-back states, so the plain pass gets no gradient "
-        "from later passes while the fusion warms up; 0 = off (the paper)",
+        "exact, the exact recurrence) or 'paper+last' (Eq. 12 + LK); the last two are beyond the paper",
     )
     prefix_mixin: float = _f(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
     detach_passes: bool = _f(
@@ -93,7 +77,7 @@ class TrainConfig:
     adam_eps: float = _f(
         1e-8,
         "AdamW epsilon. At a loss near 0 the gradients shrink below it only if it is large enough; with a tiny "
-        "epsilon Adam still takes full-size steps on their noise (see docs/results.md, state tracking)",
+        "epsilon Adam still takes full-size steps on their noise (seen on state tracking)",
     )
     lr_schedule: str = _f("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
     warmup_steps: int = _f(20, "linear warmup steps")
@@ -134,6 +118,18 @@ class EvalConfig:
     sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes)")
 
 
+# Options removed from fullband because they lost in experiments; commit
+# 38f4146 (REMOVED_IN) is the last that has them. A saved run's config.yaml names every field, so a removed
+# field at the value that turned it off is dropped; any other value is an error that names the commit.
+REMOVED_OPTIONS: dict[str, Any] = {
+    **{f"model.{name}": off for name, off in REMOVED_FIELDS.items()},
+    "train.last_pass_loss_from": 1.0,
+    "train.later_pass_weight_ramp": 0.0,
+    "train.fusion_lr_multiplier": 1.0,
+    "train.fusion_warmup_steps": 0,
+}
+REMOVED_PASS_LOSSES = ("first+last",)  # removed model.fusion values: FullBandConfig.validate names the commit
+
 SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
 
 # Fields that may differ between a run and its resumption: they change logging, not the computation.
@@ -173,21 +169,15 @@ class RunConfig:
                 f"train.seq_len={t.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}: "
                 "the model has no positions for it. Lower train.seq_len or raise model.max_seq_len."
             )
+        if t.pass_loss in REMOVED_PASS_LOSSES:
+            raise ConfigError(f"train.pass_loss={t.pass_loss!r} was removed from fullband (it lost in "
+                              f"experiments); commit {REMOVED_IN} is the last that has it")
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
                    "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16"),
                    "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
-        if not 0 <= t.last_pass_loss_from <= 1:
-            raise ConfigError(f"train.last_pass_loss_from={t.last_pass_loss_from} must lie in [0, 1] (a fraction of "
-                              "the steps; 1 = never switch to the last pass's loss)")
-        if not 0 <= t.later_pass_weight_ramp <= 1:
-            raise ConfigError(f"train.later_pass_weight_ramp={t.later_pass_weight_ramp} must lie in [0, 1] "
-                              "(a fraction of the feedback phase; 0 = no ramp)")
-        if not t.fusion_lr_multiplier >= 0 or t.fusion_warmup_steps < 0:
-            raise ConfigError(f"train.fusion_lr_multiplier={t.fusion_lr_multiplier} and train.fusion_warmup_steps="
-                              f"{t.fusion_warmup_steps} must be >= 0")
         if not t.adam_eps > 0:
             raise ConfigError(f"train.adam_eps={t.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps)")
         if t.grad_passes < 0:
@@ -208,8 +198,6 @@ class RunConfig:
             if t.eval_every < 1:
                 raise ConfigError("train.keep_best needs train.eval_every >= 1: the best model is chosen among the "
                                   "evaluations made during training")
-        from fullband.train.schedule import EXACT, PassSchedule
-
         PassSchedule.parse(t.schedule)
         d = self.data
         # data.format auto is only resolved when the data is prepared; the trainer checks that case.
@@ -312,6 +300,15 @@ def _parse_json(text: str, where: str) -> Any:
             raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({reason})") from None
 
 
+def _check_removed(name: str, value: Any, from_cli: bool) -> None:
+    """A removed option may only hold the value that turned it off (as every saved run config of the runs
+    that did not use it does)."""
+    off = REMOVED_OPTIONS[name]
+    if coerce(value, type(off), name, from_cli) != off:
+        raise ConfigError(f"{name}={value!r}: this option was removed from fullband (it lost in "
+                          f"experiments); commit {REMOVED_IN} is the last that has it")
+
+
 def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, source: str = "config") -> RunConfig:
     """Build a RunConfig from nested dict values (a YAML file) plus ``section.field`` string overrides.
     Unknown sections or keys and values of the wrong type raise ConfigError."""
@@ -339,6 +336,9 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
         for key, (value, from_cli) in values[section].items():
+            if f"{section}.{key}" in REMOVED_OPTIONS:
+                _check_removed(f"{section}.{key}", value, from_cli)
+                continue
             if key not in known:
                 close = [k for k in sorted(known) if k.startswith(key[:3])]
                 hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -394,14 +394,11 @@ MODEL_HELP = {
     "sliding_window": "sliding attention window in tokens; None = full attention everywhere",
     "full_attention_every": "with a window: every n-th layer keeps full attention (0 = none)",
     "tie_embeddings": "tie input and output embeddings (the paper's stability recipe)",
-    "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), gate_token (the gate plus the "
-              "normalised embedding), concat or add",
+    "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), concat or add",
     "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
-    "gate_init_std": "standard deviation of W_G's initialisation (gate fusions); None = init_std",
-    "embed_norm": "parameter-free RMSNorm of the token embedding, so plain inputs have unit RMS like fused ones "
-                  "(not in the paper)",
+    "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
 }
 
 

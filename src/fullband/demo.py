@@ -1,25 +1,58 @@
 """``fullband demo``: a small standard transformer and a small FBT, trained on the CPU with the same
 token budget on the Python standard library, then compared per decode mode; then the case where the
-feedback pays off: final-answer parity, trained on prompts of 1..8 bits, tested on 64 bits."""
+feedback pays off: final-answer parity, trained on prompts of 1..8 bits by ``fullband train --config
+state-tracking`` and graded on 8 and 64 bits by ``fullband bench``, the path a user runs."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import shutil
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from fullband.bench import BenchSettings, make_task, run_bench
 from fullband.config import load_config
+from fullband.data.sources import split_of
+from fullband.data.synthetic import Example, export_jsonl, state_tracking_task, synthetic_examples
 from fullband.eval import format_eval_table
 from fullband.generation import generate
 from fullband.loading import PRESET_DIR, encode_prompt, load_model
-from fullband.state_tracking import Recipe, accuracy, evaluate, train_model
 from fullband.train import PassSchedule, train
 
 RUNS = {"baseline": "standard", "fbt": "paper"}  # run name -> pass schedule
 PROMPT = "import os\n\ndef "
 QUICK = {"train.tokens": "40000", "eval.batches": "2", "data.max_train_bytes": "300000", "train.log_every": "5"}
+
+# Final-answer parity: training records have 1..TRAIN_BITS bits, the test rows TEST_BITS bits.
+TRAIN_BITS = 8
+TEST_BITS = (8, 64)
+TABLE_ROWS = {"FBT, exact recurrence over the prompt": ("fbt", "fused:auto"), "FBT, plain pass": ("fbt", "standard"),
+              "standard transformer": ("baseline", "standard")}
+# The preset's own loss (the exact pass alone, with W_G at std 0.2) left parity's plateau at chance only
+# after ~1,400 steps in one seed of three; in the demo's 600 steps parity is learnt with the paper's loss
+# (Eq. 12) and W_G at the default init.
+PAPER_LOSS = {"train.pass_loss": "paper", "model.gate_init_std": "none"}
+# The baseline: the same data, steps and batches, one plain pass with full attention; its model is kept by
+# the validation loss of the mode it is graded in.
+BASELINE = {"train.schedule": "standard", "model.sliding_window": "none", "train.keep_best": "standard"}
+PARITY_QUICK_EVAL = {"eval.batches": "1"}
+
+
+@dataclass(frozen=True)
+class ParityBudget:
+    steps: int
+    batch_size: int
+    records: int  # lines of train.jsonl: the training records and the validation split's rows
+    test_rows: int  # per test length
+
+
+PARITY = ParityBudget(steps=600, batch_size=32, records=40_000, test_rows=200)
+PARITY_QUICK = ParityBudget(steps=3, batch_size=8, records=400, test_rows=4)
 
 
 def run_demo(out_dir: Path, quick: bool = False) -> dict:
@@ -69,44 +102,107 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict:
     return summary
 
 
-def run_state_tracking(out_dir: Path, quick: bool = False) -> dict:
-    """Final-answer parity (`parity 1101001 :` -> ` 0`): an FBT trained with the exact recurrence over
-    the prompt (the `state-tracking` preset's model, with the paper's loss) and a standard transformer, on
-    the same batches of 1..8 bits; exact-match accuracy at 8 bits and at 64 bits (200 held-out prompts each)."""
+def run_state_tracking(out_dir: Path, quick: bool = False, seed: int = 0) -> dict:
+    """Final-answer parity (`parity 1101001 :` -> ` 0`) on the path a user runs: records written with
+    ``fullband.data.synthetic``, an FBT trained with ``fullband train --config state-tracking`` (the exact
+    recurrence over each record, with the paper's loss) and a standard transformer on the same batches of
+    1..8 bits, both graded by ``fullband bench`` on held-out prompts of 8 and 64 bits. ``seed``: the training
+    records, the initialisation and the batches (the test and validation rows stay the same)."""
     started = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The preset's own loss (the exact pass alone) was measured at 2000 and 4000 steps; in the demo's 600,
-    # parity is learnt with the paper's loss (Eq. 12) and W_G at the default init (docs/results.md, state
-    # tracking, 3 seeds).
-    paper_loss = {"train.pass_loss": "paper", "model.gate_init_std": "none"}
-    config = load_config(PRESET_DIR / "state-tracking.yaml", paper_loss)
-    recipe = Recipe(multiples=(1, 8)) if not quick else Recipe(train_len=2, steps=3, eval_rows=4, multiples=(1, 8))
-    print(f"\n== state tracking: final-answer parity, trained on 1..{recipe.train_len} bits "
-          f"({recipe.steps} steps of {recipe.batch_size} prompts)", file=sys.stderr)
+    budget = PARITY_QUICK if quick else PARITY
+    work = out_dir / "parity"
+    shutil.rmtree(work, ignore_errors=True)  # from scratch: a prepared dataset is reused by its config alone
+    preset = load_config(PRESET_DIR / "state-tracking.yaml", PARITY_QUICK_EVAL if quick else None)
+    train_path, tests = write_parity_data(
+        work, budget, val_rows=preset.eval.batches * preset.eval.batch_size, val_fraction=preset.data.val_fraction,
+        seed=seed)
+    common = {**(PARITY_QUICK_EVAL if quick else {}), **PAPER_LOSS, "data.source": str(train_path),
+              "train.tokens": str(budget.steps * budget.batch_size * preset.train.seq_len),
+              "train.batch_size": str(budget.batch_size), "train.seed": str(seed)}
+    print(f"\n== state tracking: final-answer parity, trained on 1..{TRAIN_BITS} bits ({budget.steps} steps of "
+          f"{budget.batch_size} windows of {preset.train.seq_len} tokens), seed {seed}", file=sys.stderr)
     runs = {}
-    for kind in ("fbt", "baseline"):
-        model, info = train_model("parity", kind, seed=0, config=config, recipe=recipe)
-        modes = ("exact", "plain") if kind == "fbt" else ("plain",)
-        runs[kind] = {"train": info, "accuracy": {
-            m: {mode: accuracy(bits) for mode, bits in per_mode.items()}
-            for m, per_mode in evaluate(model, "parity", recipe, modes).items()}}
-    lengths = [int(m) * recipe.train_len for m in runs["fbt"]["accuracy"]]
-    rows = {"FBT, exact recurrence over the prompt": ("fbt", "exact"), "FBT, plain pass": ("fbt", "plain"),
-            "standard transformer": ("baseline", "plain")}
-    print(f"\n## State tracking: parity of a bit string, final answer only (trained on 1..{recipe.train_len} bits)")
-    print(f"Exact-match accuracy on {recipe.eval_rows} held-out prompts; chance is 0.50. Same batches for both "
-          f"models; the FBT ran K = sequence length passes per step ({runs['fbt']['train']['compute_tokens']:,.0f} "
-          f"token-equivalent compute vs {runs['baseline']['train']['compute_tokens']:,.0f}).\n")
-    print("| model | " + " | ".join(f"{n} bits" for n in lengths) + " |\n|---" + "|---" * len(lengths) + "|")
-    for label, (kind, mode) in rows.items():
-        cells = [f"{runs[kind]['accuracy'][m][mode]:.2f}" for m in runs[kind]["accuracy"]]
+    for kind, overrides, modes in (("fbt", {}, ["fused:auto", "standard"]), ("baseline", BASELINE, ["standard"])):
+        run_started = time.perf_counter()
+        result = train(load_config(PRESET_DIR / "state-tracking.yaml", {**common, **overrides}), work / kind,
+                       data_dir=work / "data")
+        runs[kind] = {
+            "train": {"steps": result.steps, "tokens": result.tokens, "compute_tokens": result.compute_tokens,
+                      "kept_step": result.best["step"], "seconds": round(time.perf_counter() - run_started, 1)},
+            "accuracy": grade_parity(work / kind / "best", modes, tests, work / kind / "bench", budget.test_rows),
+        }
+    print(f"\n## State tracking: parity of a bit string, final answer only (trained on 1..{TRAIN_BITS} bits)")
+    print(f"Exact-match accuracy on {budget.test_rows} held-out prompts per length (`fullband bench`, greedy); chance "
+          "is 0.50. Both trained by `fullband train --config state-tracking` on the same batches; the FBT ran K = "
+          f"the longest record of each step passes per step ({runs['fbt']['train']['compute_tokens']:,} "
+          f"token-equivalent compute vs {runs['baseline']['train']['compute_tokens']:,}).\n")
+    print("| model | " + " | ".join(f"{n} bits" for n in TEST_BITS) + " |\n|---" + "|---" * len(TEST_BITS) + "|")
+    for label, (kind, mode) in TABLE_ROWS.items():
+        cells = [f"{runs[kind]['accuracy'][str(n)][mode]:.2f}" for n in TEST_BITS]
         print(f"| {label} | " + " | ".join(cells) + " |")
-    plot = _plot_state_tracking(runs, rows, lengths, out_dir / "state_tracking.png")
-    return {"task": "parity", "train_len": recipe.train_len, "runs": runs, "plot": str(plot) if plot else None,
-            "seconds": round(time.perf_counter() - started, 1)}
+    plot = _plot_state_tracking(runs, out_dir / "state_tracking.png")
+    return {"task": "parity", "train_bits": TRAIN_BITS, "test_bits": list(TEST_BITS), "seed": seed, "dir": str(work),
+            "runs": runs, "plot": str(plot) if plot else None, "seconds": round(time.perf_counter() - started, 1)}
 
 
-def _plot_state_tracking(runs: dict, rows: dict, lengths: list[int], path: Path) -> Path | None:
+def write_parity_data(out_dir: Path, budget: ParityBudget, val_rows: int, val_fraction: float,
+                      seed: int) -> tuple[Path, dict[int, Path]]:
+    """The demo's parity records as `{"prompt", "answer"}` lines: ``train.jsonl`` for ``fullband train`` and
+    ``test_{n}bits.jsonl`` (``budget.test_rows`` rows) for ``fullband bench``, n in TEST_BITS.
+
+    The data pipeline puts a line of a .jsonl file in its validation split by a hash of the line's id
+    (``train.jsonl:LINE``, ``fullband.data.sources.split_of``): those lines carry ``val_rows`` rows of
+    TRAIN_BITS bits in turn (the trainer validates on its first ``eval.batches × eval.batch_size`` windows, one
+    such row each, so the kept model is the one that carries the state best over the longest trained length),
+    the other lines training records of 1..TRAIN_BITS bits (``seed``). No test prompt is a training or
+    validation prompt, and no validation prompt a training one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tests, held_out = {}, set()
+    for n in TEST_BITS:
+        task = state_tracking_task("parity", n, n)
+        tests[n] = export_jsonl(task, out_dir / f"test_{n}bits.jsonl", budget.test_rows, seed=10_000 + n)
+        held_out |= {ex.prompt for ex in synthetic_examples(task, budget.test_rows, 10_000 + n)}
+    validation = list(itertools.islice(_parity_rows(random.Random(20_000), [TRAIN_BITS], held_out), val_rows))
+    held_out |= {ex.prompt for ex in validation}
+    training, cycle = _parity_rows(random.Random(seed), range(1, TRAIN_BITS + 1), held_out), itertools.cycle(validation)
+    path = out_dir / "train.jsonl"
+    with path.open("w") as f:
+        for line in range(1, budget.records + 1):
+            ex = next(cycle) if split_of(f"{path.name}:{line}", val_fraction) == "val" else next(training)
+            f.write(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n")
+    return path, tests
+
+
+def _parity_rows(rng: random.Random, lengths: Iterable[int], held_out: set[str]) -> Iterator[Example]:
+    """Endless final-answer parity rows, their length drawn uniformly from ``lengths``, none of them a
+    prompt of ``held_out``: each length keeps its share of the rows however many of its prompts are held out."""
+    tasks = [state_tracking_task("parity", n, n) for n in lengths]
+    while True:
+        task = rng.choice(tasks)
+        for _ in range(10_000):
+            ex = task.generate(rng)
+            if ex.prompt not in held_out:
+                break
+        else:
+            raise ValueError(f"no parity prompt of {task.min_len} bits is left outside the held-out rows; "
+                             "hold out fewer rows of that length")
+        yield ex
+
+
+def grade_parity(model_dir: Path, modes: list[str], tests: dict[int, Path], out_dir: Path,
+                 batch_size: int) -> dict[str, dict[str, float]]:
+    """{bits: {mode: exact-match accuracy}} of a model on the test files, by ``fullband bench`` (greedy).
+    fused:auto runs with tolerance 0 up to the model's stored cap (its context, for a run trained with the
+    exact schedule): every prompt reaches the exact recurrence, not a state that merely changes little."""
+    model, tokenizer = load_model(model_dir)
+    settings = BenchSettings(model=str(model_dir.resolve()), modes=modes, temperatures=[0.0], samples=1, ks=[1],
+                             batch_size=batch_size, fused_tol=0.0, extra={"match": "exact"})
+    tasks = {str(n): make_task(f"jsonl:{path}") for n, path in tests.items()}
+    results = run_bench(model, tokenizer, list(tasks.values()), settings, out_dir, progress=False, plots=False)
+    return {n: {mode: results[task.name][mode]["0.0"]["accuracy"] for mode in modes} for n, task in tasks.items()}
+
+
+def _plot_state_tracking(runs: dict, path: Path) -> Path | None:
     try:
         import matplotlib
 
@@ -115,11 +211,11 @@ def _plot_state_tracking(runs: dict, rows: dict, lengths: list[int], path: Path)
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (label, (kind, mode)), style in zip(rows.items(), ("C0-o", "C0:x", "C1-s")):
-        ax.plot(lengths, [runs[kind]["accuracy"][m][mode] for m in runs[kind]["accuracy"]], style, label=label)
-    ax.axvline(lengths[0], color="grey", lw=0.8, ls=":")
+    for (label, (kind, mode)), style in zip(TABLE_ROWS.items(), ("C0-o", "C0:x", "C1-s")):
+        ax.plot(TEST_BITS, [runs[kind]["accuracy"][str(n)][mode] for n in TEST_BITS], style, label=label)
+    ax.axvline(TRAIN_BITS, color="grey", lw=0.8, ls=":")
     ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.set_xticks(TEST_BITS, [str(n) for n in TEST_BITS])
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("bits in the prompt (trained on up to the dotted line)")
     ax.set_ylabel("exact-match accuracy")

@@ -30,6 +30,12 @@ class EvalResult:
                 "sequential_gap": self.sequential_gap}
 
 
+def _loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """Summed next-token cross-entropy over the trained targets (callers divide by their count), in float32."""
+    return float(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="sum"))
+
+
 def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Per-position ||a - b|| / ||b||, summed (callers divide by the position count)."""
     return ((a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)).sum()
@@ -61,24 +67,22 @@ def evaluate(
         targets = batch.targets.to(model.device)
         plain = batch.plain_mask.to(model.device)
         segments = None if batch.segment_ids is None else batch.segment_ids.to(model.device)
-        with autocast or torch.autocast("cpu", enabled=False):
-            out = model.multipass(ids, passes=fused_passes + 1, labels=targets, plain_mask=plain, keep_logits=False,
-                                  segment_ids=segments)
-        n = int((targets != IGNORE_INDEX).sum())  # losses are means over the trained (unmasked) targets
-        scored += n
+        scored += int((targets != IGNORE_INDEX).sum())  # losses are means over the trained (unmasked) targets
         positions += targets.numel()
-        for k, loss in enumerate(out.pass_losses):
-            name = "standard" if k == 0 else f"fused({k})"
-            sums[name] = sums.get(name, 0.0) + float(loss) * n
-        for k in range(1, len(out.hidden)):
-            deltas[str(k + 1)] = deltas.get(str(k + 1), 0.0) + float(_relative_gap(out.hidden[k], out.hidden[k - 1]))
+        states = []  # each pass's top states; its logits are scored and dropped as the pass comes out
+        with autocast or torch.autocast("cpu", enabled=False):
+            for k, step in enumerate(model.iterate_passes(ids, fused_passes + 1, plain_mask=plain,
+                                                          segment_ids=segments)):
+                name = "standard" if k == 0 else f"fused({k})"
+                sums[name] = sums.get(name, 0.0) + _loss_sum(step.logits, targets)
+                states.append(step.hidden)
+        for k in range(1, len(states)):
+            deltas[str(k + 1)] = deltas.get(str(k + 1), 0.0) + float(_relative_gap(states[k], states[k - 1]))
         if sequential:
             with autocast or torch.autocast("cpu", enabled=False):
                 logits, hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=segments)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                   reduction="sum") / max(n, 1)
-            sums["sequential"] = sums.get("sequential", 0.0) + float(loss) * n
-            for k, h in enumerate(out.hidden):
+            sums["sequential"] = sums.get("sequential", 0.0) + _loss_sum(logits, targets)
+            for k, h in enumerate(states):
                 gaps[str(k + 1)] = gaps.get(str(k + 1), 0.0) + float(_relative_gap(h, hidden))
     model.train(was_training)
     if positions == 0:

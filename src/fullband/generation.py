@@ -8,6 +8,9 @@
   the prompt's top states change by at most ``fused_tol`` (relative) in a pass, or ``fused_max_passes``
   (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran.
 
+What a call does not say comes from the settings stored with the model (``fullband.decoding``): the mode
+its training implies, and for ``fused_passes="auto"`` its tolerance and cap.
+
 Batches of prompts with different lengths are **left-padded**: every row then shares one cache write
 position, padding keys are masked, and RoPE positions count real tokens only, so a row's result does
 not depend on what it is batched with. The loop only calls ``model.prefill`` and ``model.forward``.
@@ -20,16 +23,12 @@ from typing import Any
 
 import torch
 
-from fullband.model import (
-    DEFAULT_FUSED_MAX_PASSES,
-    DEFAULT_FUSED_TOL,
-    FullBandLM,
-    KVCache,
-    ModelOutput,
-    segment_positions,
-)
+from fullband.decoding import MODES, DecodeSettings
+from fullband.kv_cache import KVCache
+from fullband.model import FullBandLM, ModelOutput, segment_positions
 
-MODES = ("standard", "soft", "fused")
+__all__ = ["MODES", "decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
+           "score_continuations", "sequential_forward"]
 
 
 def left_pad(
@@ -97,12 +96,23 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p) -> None:
+def decode_settings(
+    model: FullBandLM,
+    decode: DecodeSettings | None = None,
+    mode: str | None = None,
+    fused_passes: int | str | None = None,
+    fused_tol: float | None = None,
+    fused_max_passes: int | None = None,
+) -> DecodeSettings:
+    """The settings a call decodes with: ``decode`` (default: those stored with the model) with the fields a
+    caller gave replaced."""
+    base = decode if decode is not None else DecodeSettings.of(model)
+    return base.with_overrides(mode=mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                               fused_max_passes=fused_max_passes)
+
+
+def _check_args(model, ids, max_new_tokens, temperature, top_k, top_p) -> None:
     config = model.config
-    if mode not in MODES:
-        raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode == "fused" and fused_passes != "auto" and (not isinstance(fused_passes, int) or fused_passes < 1):
-        raise ValueError(f"fused_passes must be an integer >= 1 or 'auto' in fused mode, got {fused_passes!r}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
@@ -130,10 +140,7 @@ def _prefill_prompts(
     ids: torch.Tensor,
     mask: torch.Tensor,
     new_tokens: int,
-    mode: str,
-    fused_passes: int | str,
-    fused_tol: float,
-    fused_max_passes: int,
+    settings: DecodeSettings,
 ) -> tuple[ModelOutput, KVCache, torch.Tensor]:
     """The prompt phase of decoding, shared by generation and scoring: left-padded prompts prefilled into
     a cache with room for ``new_tokens`` more positions (plain, or plus fused passes in fused mode).
@@ -144,14 +151,14 @@ def _prefill_prompts(
     cache = KVCache(model.config, B, T + new_tokens, model.device, model.embed.weight.dtype)
     out = model.prefill(
         ids,
-        fused_passes if mode == "fused" else 0,
+        settings.prefill_passes,
         attention_mask=mask,
         position_ids=positions,
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
-        fused_tol=fused_tol,
-        fused_max_passes=fused_max_passes,
+        fused_tol=settings.fused_tol,
+        fused_max_passes=settings.fused_max_passes,
     )
     return out, cache, positions[:, -1:] + 1
 
@@ -161,35 +168,37 @@ def generate_stream(
     model: FullBandLM,
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
-    mode: str = "standard",
-    fused_passes: int | str = 1,
+    mode: str | None = None,
+    fused_passes: int | str | None = None,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | None = None,
     attention_mask: torch.Tensor | None = None,
     seed: int | None = None,
-    fused_tol: float = DEFAULT_FUSED_TOL,
-    fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+    fused_tol: float | None = None,
+    fused_max_passes: int | None = None,
     stats: dict[str, Any] | None = None,
+    decode: DecodeSettings | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield a (B,) tensor of new token ids per step. Rows that produced ``eos_token_id`` keep
     yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps.
-    ``fused_passes`` is an integer or "auto" (adaptive, with ``fused_tol`` and ``fused_max_passes``).
+    The decode settings are ``decode`` (default: those stored with the model) with ``mode``,
+    ``fused_passes`` (an integer >= 1 or "auto"), ``fused_tol`` and ``fused_max_passes`` replaced where given.
     ``stats``, a dict, receives ``"fused_passes"``: the fused prefill passes each row ran (a list of B
     ints, 0 outside fused mode) once the prefill is done, and with ``fused_passes="auto"`` also
     ``"fused_converged"``: whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
+    settings = decode_settings(model, decode, mode, fused_passes, fused_tol, fused_max_passes)
     ids, mask = left_pad(input_ids, attention_mask)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, max_new_tokens, mode, fused_passes, temperature, top_k, top_p)
+    _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
     if max_new_tokens == 0:
         return
     B = ids.shape[0]
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(seed)
-    out, cache, next_position = _prefill_prompts(model, ids, mask, max_new_tokens, mode, fused_passes, fused_tol,
-                                                 fused_max_passes)
+    out, cache, next_position = _prefill_prompts(model, ids, mask, max_new_tokens, settings)
     if stats is not None:
         stats["fused_passes"] = out.passes.tolist()
         if out.converged is not None:
@@ -208,7 +217,7 @@ def generate_stream(
             return
         out = model(
             token.unsqueeze(1),
-            feedback=None if mode == "standard" else state,
+            feedback=None if settings.mode == "standard" else state,
             position_ids=next_position + step,
             past_key_values=cache,
             use_cache=True,
@@ -225,8 +234,8 @@ def generate(
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments
     are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes (int or "auto"),
-    fused_tol, fused_max_passes, temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask,
-    seed, stats."""
+    fused_tol, fused_max_passes (each defaults to the model's stored setting), decode (a whole
+    ``DecodeSettings``), temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask, seed, stats."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
@@ -242,27 +251,33 @@ def score_continuations(
     model: FullBandLM,
     contexts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
-    mode: str = "standard",
-    fused_passes: int | str = 1,
+    mode: str | None = None,
+    fused_passes: int | str | None = None,
     scoring: str = "decode",
-    fused_tol: float = DEFAULT_FUSED_TOL,
-    fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+    fused_tol: float | None = None,
+    fused_max_passes: int | None = None,
+    decode: DecodeSettings | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Teacher-forced log-probabilities of each continuation given its context, batched (ragged rows).
+    The decode settings are resolved as in ``generate_stream`` (stored with the model, then overridden).
 
-    ``scoring="decode"``: the probability ``generate`` in ``mode`` assigns to the continuation: the context
+    ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
     is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
     mode, ``fused_passes`` may be "auto"), then the continuation tokens are fed one decode step at a time,
     each fused with the previous step's top state (soft/fused). In standard mode, where a step carries no
     state, the continuation goes through the cached model in one call (the same keys, values and logits).
-    ``scoring="prefill"``: ``fused_passes`` fused passes (0 = standard, or "auto") over context +
-    continuation in parallel, as in validation; ``mode`` is not used.
+    ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)
+    over context + continuation in parallel, as in validation; soft decoding has no such form.
 
     Returns one (log-probabilities (L,) float32, greedy (L,) bool) pair per row: the log-probability of
     each continuation token and whether it was the most likely token at its step.
     """
     if scoring not in SCORINGS:
         raise ValueError(f"unknown scoring {scoring!r}; choose one of {', '.join(SCORINGS)}")
+    settings = decode_settings(model, decode, mode, fused_passes, fused_tol, fused_max_passes)
+    if scoring == "prefill" and settings.mode == "soft":
+        raise ValueError("scoring='prefill' runs a mode's prefill passes over the whole text; soft decoding has "
+                         "no such form: use decode_mode standard or fused, or scoring='decode'")
     if len(contexts) != len(continuations):
         raise ValueError(f"{len(contexts)} contexts but {len(continuations)} continuations")
     limit = model.config.max_seq_len
@@ -275,20 +290,19 @@ def score_continuations(
                 f"{limit}; truncate the context from the left"
             )
     if scoring == "prefill":
-        return _score_prefill(model, contexts, continuations, fused_passes, fused_tol, fused_max_passes)
+        return _score_prefill(model, contexts, continuations, settings)
     ids, mask = left_pad(contexts)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, 0, mode, fused_passes, 0.0, None, None)
+    _check_args(model, ids, 0, 0.0, None, None)
     lengths = [len(c) for c in continuations]
     L = max(lengths)
     cont = torch.zeros(len(continuations), L, dtype=torch.long)
     for i, c in enumerate(continuations):
         cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
     cont = cont.to(model.device)
-    _check_args(model, cont, 0, mode, fused_passes, 0.0, None, None)
-    out, cache, next_position = _prefill_prompts(model, ids, mask, L - 1, mode, fused_passes, fused_tol,
-                                                 fused_max_passes)
-    if mode == "standard" and L > 1:
+    _check_args(model, cont, 0, 0.0, None, None)
+    out, cache, next_position = _prefill_prompts(model, ids, mask, L - 1, settings)
+    if settings.mode == "standard" and L > 1:
         rest = model(cont[:, :-1], position_ids=next_position + torch.arange(L - 1, device=model.device),
                      past_key_values=cache, use_cache=True)
         logits = torch.cat([out.logits[:, -1:], rest.logits], dim=1)
@@ -297,7 +311,7 @@ def score_continuations(
         for step in range(L - 1):  # the decode loop of generate_stream, with the continuation as the samples
             out = model(
                 cont[:, step : step + 1],
-                feedback=None if mode == "standard" else state,
+                feedback=None if settings.mode == "standard" else state,
                 position_ids=next_position + step,
                 past_key_values=cache,
                 use_cache=True,
@@ -308,12 +322,13 @@ def score_continuations(
     return _token_scores(logits, cont, [range(n) for n in lengths])
 
 
-def _score_prefill(model, contexts, continuations, fused_passes, fused_tol, fused_max_passes):
+def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
     full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
     ids, mask = left_pad(full)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, 0, "standard", 1, 0.0, None, None)
-    out = model.prefill(ids, fused_passes, attention_mask=mask, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
+    _check_args(model, ids, 0, 0.0, None, None)
+    out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, fused_tol=settings.fused_tol,
+                        fused_max_passes=settings.fused_max_passes)
     W = ids.shape[1]
     targets = torch.zeros(len(full), W, dtype=torch.long)
     for i, cont in enumerate(continuations):
@@ -356,8 +371,7 @@ def sequential_forward(
         kwargs = {}
         if segment_ids is not None:
             # The one query of this step sees exactly the cached keys of its own document.
-            cache.key_mask[:, : t + 1] = segment_ids[:, : t + 1] == segment_ids[:, t : t + 1]
-            cache.has_padding = True
+            cache.mask_keys(segment_ids[:, : t + 1] == segment_ids[:, t : t + 1], start=0)
             kwargs["position_ids"] = positions[:, t : t + 1]
         out = model(input_ids[:, t : t + 1], feedback=state, plain_mask=plain, past_key_values=cache, use_cache=True,
                     **kwargs)

@@ -4,8 +4,9 @@
     fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
 
 ``model_args``: ``pretrained`` (a run directory, checkpoint or model directory with its tokenizer beside it,
-or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused, default soft),
-``fused_passes`` (N or auto, default 1), ``fused_tol`` and ``fused_max_passes`` (for auto), ``scoring``
+or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused), ``fused_passes`` (N or
+auto), ``fused_tol`` and ``fused_max_passes`` (for auto) — each defaults to the decode settings stored with the
+model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap — ``scoring``
 (decode | prefill, default decode),
 ``batch_size`` (default 8), ``device`` (default cuda if available), ``dtype`` (float32 | bfloat16 | float16 |
 float64, default float32), ``max_length`` (default the model's max_seq_len). On lm-eval's command line give
@@ -14,8 +15,9 @@ the batch size and device with its own ``--batch_size`` and ``--device`` flags, 
 Semantics (docs/evaluation.md):
 
 - ``loglikelihood``, ``scoring=decode``: the log-probability that ``generate`` in ``decode_mode`` assigns to
-  the continuation (``fullband.generation.score_continuations``); ``scoring=prefill``: ``fused_passes``
-  fused passes over context + continuation in parallel (0 = standard), the validation-loss view.
+  the continuation (``fullband.generation.score_continuations``); ``scoring=prefill``: the mode's prefill
+  passes (none in standard mode, ``fused_passes`` in fused mode) over context + continuation in parallel, the
+  validation-loss view.
 - ``loglikelihood_rolling``: the document in disjoint windows of ``max_length`` tokens (lm-eval's own
   windowing), each scored as above; the first window is conditioned on the BOS token.
 - ``generate_until``: ``generate`` in ``decode_mode``, cut at the first ``until`` string.
@@ -44,9 +46,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "fullband.lm_eval needs the lm-evaluation-harness package: pip install 'fullband[eval]'"
     ) from exc
 
-from fullband.generation import MODES, SCORINGS, generate_stream, score_continuations
+from fullband.decoding import DecodeSettings
+from fullband.generation import SCORINGS, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
-from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +69,10 @@ class FullbandLM(TemplateLM):
     def __init__(
         self,
         pretrained: str,
-        decode_mode: str = "soft",
-        fused_passes: int | str = 1,
-        fused_tol: float = DEFAULT_FUSED_TOL,
-        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+        decode_mode: str | None = None,
+        fused_passes: int | str | None = None,
+        fused_tol: float | None = None,
+        fused_max_passes: int | None = None,
         scoring: str = "decode",
         batch_size: int | str = 8,
         max_batch_size: int | None = None,
@@ -79,13 +81,11 @@ class FullbandLM(TemplateLM):
         max_length: int | None = None,
     ) -> None:
         super().__init__()
-        _check_choice("decode_mode", decode_mode, MODES)
         _check_choice("scoring", scoring, SCORINGS)
         _check_choice("dtype", dtype, list(DTYPES))
-        if fused_passes != "auto" and (not isinstance(fused_passes, int) or fused_passes < 0):
-            raise ValueError(f"fullband lm-eval model: fused_passes={fused_passes!r} must be an integer >= 0 or auto")
-        if decode_mode == "fused" and fused_passes == 0:
-            raise ValueError("fullband lm-eval model: decode_mode=fused needs fused_passes >= 1 or auto")
+        overrides = dict(decode_mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                         fused_max_passes=fused_max_passes)
+        DecodeSettings().with_overrides(**overrides)  # a bad value fails before the model is loaded
         if isinstance(batch_size, str) and batch_size.isdigit():  # lm-eval's --batch_size arrives as text
             batch_size = int(batch_size)
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -99,8 +99,12 @@ class FullbandLM(TemplateLM):
         # so every decode mode works on exports too).
         model, self.tokenizer_fb = load_model(pretrained, device or default_device())
         self.model = model.to(DTYPES[dtype])
-        self.decode_mode, self.scoring = decode_mode, scoring
-        self.fused_passes, self.fused_tol, self.fused_max_passes = fused_passes, fused_tol, fused_max_passes
+        self.decode = DecodeSettings.of(self.model).with_overrides(**overrides)
+        if scoring == "prefill" and self.decode.mode == "soft":
+            raise ValueError("fullband lm-eval model: scoring=prefill runs a mode's prefill passes over the whole "
+                             "text, which soft decoding does not have; give decode_mode=standard or fused")
+        self.scoring = scoring
+        log.info("fullband lm-eval model: decoding with %s", self.decode.describe())
         self.batch_size = batch_size
         limit = self.model.config.max_seq_len
         self.max_length = limit if max_length is None else int(max_length)
@@ -146,10 +150,7 @@ class FullbandLM(TemplateLM):
             chunk = order[start : start + self.batch_size]
             contexts = [self._fit(*pairs[i]) for i in chunk]
             scored = score_continuations(
-                self.model, contexts, [pairs[i][1] for i in chunk], mode=self.decode_mode,
-                fused_passes=self.fused_passes, scoring=self.scoring, fused_tol=self.fused_tol,
-                fused_max_passes=self.fused_max_passes,
-            )
+                self.model, contexts, [pairs[i][1] for i in chunk], scoring=self.scoring, decode=self.decode)
             for i, (logprobs, greedy) in zip(chunk, scored):
                 results[i] = (float(logprobs.double().sum()), bool(greedy.all()))
         return results
@@ -232,8 +233,7 @@ class FullbandLM(TemplateLM):
         produced: list[list[int]] = [[] for _ in prompts]
         done = [False] * len(prompts)
         stream = generate_stream(
-            self.model, prompts, max_gen_toks, mode=self.decode_mode, fused_passes=self.fused_passes,
-            fused_tol=self.fused_tol, fused_max_passes=self.fused_max_passes, eos_token_id=eos, **options,
+            self.model, prompts, max_gen_toks, decode=self.decode, eos_token_id=eos, **options,
         )
         for tokens in stream:
             for row, token in enumerate(tokens.tolist()):

@@ -10,7 +10,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fullband.errors import FullbandError
+from fullband.decoding import DecodeSettings
+from fullband.errors import ConfigError, FullbandError
+from fullband.schedule import PassSchedule
+from fullband.storage import BEST, find_tokenizer_dir, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +46,6 @@ def load_model(
     back into fullband's own model, so every decode mode behaves exactly as for the original)."""
     from fullband.data import load_tokenizer
     from fullband.model import FullBandLM
-    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
 
     exported = _exported_config(Path(path))
     if exported is not None:
@@ -53,14 +55,30 @@ def load_model(
     if tokenizer_dir is None:
         raise FullbandError(f"no tokenizer saved with {model_dir} (expected {model_dir / 'tokenizer'})")
     model = FullBandLM.from_pretrained(model_dir, device=device or default_device(), dtype=dtype)
+    fill_decode_defaults(model, model_dir)
     return model.eval(), load_tokenizer(tokenizer_dir)
+
+
+def fill_decode_defaults(model: FullBandLM, model_dir: Path) -> None:
+    """A run's model saved before decode settings were stored with the weights gets the settings its run's
+    train.schedule implies (as the trainer now stores them); a model of no run keeps standard."""
+    if model.decode_defaults:
+        return
+    schedule = run_config_section(run_dir_of(model_dir), "train").get("schedule")
+    if schedule is None:
+        return
+    try:
+        parsed = PassSchedule.parse(schedule)
+    except ConfigError:
+        return  # a schedule this version no longer knows: standard, the safe mode for any model
+    settings = DecodeSettings.trained_with(parsed.exact, 0 if parsed.exact else parsed.max_passes,
+                                           model.config.max_seq_len)
+    settings.store_in(model)
 
 
 def run_dir_of(path: str | Path) -> Path | None:
     """The training run a run directory, checkpoint (RUN/checkpoints/STEP/model) or best model (RUN/best/model,
     ``train.keep_best``) belongs to, else None."""
-    from fullband.train.checkpoint import BEST, resolve_model_dir
-
     if _exported_config(Path(path)) is not None:
         return None
     model_dir = resolve_model_dir(path)
@@ -84,17 +102,9 @@ def run_config_section(run_dir: Path | None, section: str) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
-def default_fused_max_passes(run_dir: Path | None, max_seq_len: int) -> int:
-    """fused:auto's cap when --fused-max-passes is not given: the model's context for a run trained with
-    train.schedule exact (its prompts settle only at the exact recurrence's fixed point, after T - 1 fused
-    passes for T tokens), else DEFAULT_FUSED_MAX_PASSES (a map that contracts settles in a few passes)."""
-    from fullband.model import DEFAULT_FUSED_MAX_PASSES
-
-    return max_seq_len if run_config_section(run_dir, "train").get("schedule") == "exact" else DEFAULT_FUSED_MAX_PASSES
-
-
 def _exported_config(path: Path) -> dict | None:
-    """The fullband config stored in an ``export-hf`` directory's config.json, or None for anything else."""
+    """An ``export-hf`` directory's config.json (the fullband config under "fullband", the decode defaults
+    at the top level), or None for anything else."""
     config_file = path / "config.json"
     if not config_file.is_file():
         return None
@@ -103,11 +113,12 @@ def _exported_config(path: Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise FullbandError(f"{config_file} is unreadable: {exc}") from None
     if data.get("model_type") == "fullband" and isinstance(data.get("fullband"), dict):
-        return data["fullband"]
+        return data
     return None
 
 
-def _load_hf_export(path: Path, config: dict, device: str, dtype: torch.dtype | None) -> tuple[FullBandLM, Tokenizer]:
+def _load_hf_export(path: Path, hf_config: dict, device: str, dtype: torch.dtype | None
+                    ) -> tuple[FullBandLM, Tokenizer]:
     # The export's weights are the model's own tensors under the "model." prefix (sharded or not).
     from safetensors.torch import load_file
 
@@ -131,11 +142,13 @@ def _load_hf_export(path: Path, config: dict, device: str, dtype: torch.dtype | 
         except Exception as exc:  # safetensors raises its own error types for truncated files
             raise FullbandError(f"{path / name} is unreadable or truncated: {exc}") from None
     state = {k.removeprefix("model."): v for k, v in state.items()}
-    model = FullBandLM(FullBandConfig.from_dict(config))
+    model = FullBandLM(FullBandConfig.from_dict(hf_config["fullband"]))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise FullbandError(f"{path}: weights do not match the config: missing {missing}, unexpected {unexpected}")
     stored = next(iter(state.values())).dtype
+    # The export's decode defaults (its generate()'s) are this model's: the same settings at every door.
+    DecodeSettings.from_dict(hf_config, f"{path / 'config.json'}").store_in(model)
     return model.to(device=device, dtype=dtype or stored).eval(), load_tokenizer(path)
 
 
@@ -167,7 +180,6 @@ def load_model_and_data(
     refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
     from fullband.data import load_tokenizer, open_dataset
     from fullband.model import FullBandLM
-    from fullband.train.checkpoint import find_tokenizer_dir, resolve_model_dir
 
     model_dir = resolve_model_dir(checkpoint)
     data_dir = Path(data_dir) if data_dir else default_data_dir(model_dir)

@@ -1,11 +1,11 @@
-"""The full-bandwidth transformer, in one file.
+"""The full-bandwidth transformer (its KV cache is in ``kv_cache.py``).
 
 A decoder-only transformer (pre-norm RMSNorm blocks, RoPE, SwiGLU, grouped-query attention) whose
 input at position t can be the token embedding fused with the previous position's top hidden state
 (docs/method.md §2-3). The same ``forward`` serves training, multi-pass training, prefill and cached decoding.
 
-This file imports nothing from the rest of the package on purpose: the Hugging Face export copies it
-next to the weights so that ``trust_remote_code`` models run exactly this code.
+This file imports nothing from the rest of the package but ``kv_cache.py``, on purpose: the Hugging Face
+export copies both next to the weights so that ``trust_remote_code`` models run exactly this code.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +22,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FUSIONS = ("gate", "gate_token", "concat", "add")
+# Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
+from .kv_cache import KVCache
+
+FUSIONS = ("gate", "concat", "add")
 FEEDBACK_SOURCES = ("final_norm", "residual")
 ROPE_TYPES = ("default", "linear", "llama3")
-# Which passes carry the training loss (FullBandLM.multipass): Eq. 12 and the options beyond the paper.
-PASS_LOSSES = ("paper", "last", "paper+last", "first+last")
+# Recipe options that lost in experiments and were removed; commit 38f4146 is the last that has them.
+# An old config.json that names them still loads where it used the paper's setting.
+REMOVED_IN = "38f4146"
+REMOVED_FIELDS = {"embed_norm": False}  # field -> the only value a model of this code can have
+REMOVED_FUSIONS = ("gate_token",)
 CONFIG_NAME = "config.json"
 # Adaptive fused prefill (prefill(fused_passes="auto")): stop when no real prompt position's top state
 # moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
 DEFAULT_FUSED_TOL = 1e-3
 DEFAULT_FUSED_MAX_PASSES = 8
+# The decode defaults stored beside the weights (fullband.decoding.DecodeSettings reads and checks them).
+DECODE_DEFAULTS_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -59,9 +67,8 @@ class FullBandConfig:
     feedback_jitter: float = 0.02
     init_std: float = 0.02
     # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, and
-    # a recurrence trained on its exact pass alone then sits at chance for long (docs/results.md).
+    # a recurrence trained on its exact pass alone then sits at chance for long on parity, sum mod k, flip-flop.
     gate_init_std: float | None = None
-    embed_norm: bool = False  # parameter-free RMSNorm of the token embedding (not in the paper)
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -83,6 +90,9 @@ class FullBandConfig:
             self._fail("n_heads", f"must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.resolved_head_dim % 2:
             self._fail("d_model", "d_model // n_heads must be even (RoPE rotates pairs)")
+        if self.fusion in REMOVED_FUSIONS:
+            self._fail("fusion", f"this fusion was removed from fullband; commit {REMOVED_IN} is the last that has it "
+                                 f"(allowed values now: {', '.join(FUSIONS)})")
         if self.fusion not in FUSIONS:
             self._fail("fusion", f"allowed values: {', '.join(FUSIONS)}")
         if self.feedback_source not in FEEDBACK_SOURCES:
@@ -116,6 +126,11 @@ class FullBandConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FullBandConfig:
+        data = dict(data)
+        for name, only in REMOVED_FIELDS.items():
+            if name in data and data.pop(name) != only:
+                raise ValueError(f"FullBandConfig.{name}: this option was removed from fullband and the model uses "
+                                 f"it; commit {REMOVED_IN} is the last that can run it")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -263,16 +278,14 @@ def init_std_of(module: nn.Module, config: FullBandConfig) -> float:
 
 class Fusion(nn.Module):
     """e ⊗ h. ``gate`` (paper Eq. 4): RMSNorm((W_U h) ⊙ sigmoid(W_G RMSNorm(e))); the state is the value
-    and the token only gates it, so the model cannot ignore the state. ``gate_token`` (not in the paper):
-    that gated state plus the token's own RMSNorm(e), an additive path that lets the token reach the
-    stack without going through the gate.
+    and the token only gates it, so the model cannot ignore the state.
     Ablations: ``concat`` RMSNorm(W [e; h]) and ``add`` e + W h."""
 
     def __init__(self, config: FullBandConfig):
         super().__init__()
         self.kind = config.fusion
         d, eps = config.d_model, config.norm_eps
-        if self.kind in ("gate", "gate_token"):
+        if self.kind == "gate":
             self.value_proj = nn.Linear(d, d, bias=False)  # W_U
             self.gate_proj = nn.Linear(d, d, bias=False)  # W_G
             self.gate_proj.init_std = config.gate_init_std  # read by init_std_of
@@ -285,58 +298,11 @@ class Fusion(nn.Module):
             self.proj = nn.Linear(d, d, bias=False)
 
     def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        if self.kind in ("gate", "gate_token"):
-            token = self.embed_norm(e)
-            fused = self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(token)))
-            return fused + token if self.kind == "gate_token" else fused
+        if self.kind == "gate":
+            return self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(self.embed_norm(e))))
         if self.kind == "concat":
             return self.out_norm(self.proj(torch.cat([e, h], dim=-1)))
         return e + self.proj(h)
-
-
-# --------------------------------------------------------------------------------------------------
-# KV cache: preallocated once per generation; decoding writes in place, never concatenates.
-
-
-class KVCache:
-    """Keys and values of every layer for a batch, preallocated to ``max_len`` positions.
-
-    All rows share one write position (prompts are left-padded); ``key_mask`` marks which cached
-    positions hold real tokens, so padding is never attended to.
-    """
-
-    def __init__(
-        self,
-        config: FullBandConfig,
-        batch_size: int,
-        max_len: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
-        shape = (batch_size, config.n_kv_heads, max_len, config.resolved_head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
-        self.key_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
-        self.has_padding = False  # whether key_mask masks anything
-        self.max_len = max_len
-        self.length = 0  # positions written so far (committed after the forward's last layer)
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = self.length + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"KVCache holds {self.max_len} positions; writing up to {end} would overflow")
-        self.k[layer][:, :, self.length : end] = k
-        self.v[layer][:, :, self.length : end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep (or reorder) batch rows, e.g. to drop finished sequences or for beam search."""
-        self.k = [t.index_select(0, index) for t in self.k]
-        self.v = [t.index_select(0, index) for t in self.v]
-        self.key_mask = self.key_mask.index_select(0, index)
 
 
 @dataclass
@@ -354,8 +320,6 @@ class ModelOutput:
 class MultipassOutput:
     logits: list[torch.Tensor]  # one (B, T, V) tensor per pass
     hidden: list[torch.Tensor]  # one (B, T, D) tensor per pass
-    loss: torch.Tensor | None = None  # Eq. 12: L1 + λ·mean(L2..LK) (+ z-loss)
-    pass_losses: list[torch.Tensor] = field(default_factory=list)  # next-token loss of each pass
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,6 +335,10 @@ class FullBandLM(nn.Module):
         self.fusion = Fusion(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
+        # How this model decodes when a caller does not say, stored with the weights; the JSON form of
+        # fullband.decoding.DecodeSettings, which checks it. Empty: a fresh model, whose fusion is untrained,
+        # decodes in standard mode.
+        self.decode_defaults: dict[str, Any] = {}
         # The distinct attention windows (None = full), one SDPA mask each; fixed by the config.
         self._windows = {layer.attn.window for layer in self.layers}
         self.reset_parameters()
@@ -441,11 +409,6 @@ class FullBandLM(nn.Module):
         start = cache.length if cache is not None else 0
 
         x = self.embed(input_ids)
-        if self.config.embed_norm:
-            # Plain positions then enter the stack at unit RMS like fused ones (the fusion ends in an RMSNorm).
-            # The fusion sees this normalised embedding too, so a position has one token representation.
-            wide = x.to(torch.promote_types(x.dtype, torch.float32))  # in float32 at least, as RMSNorm does
-            x = (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)).to(x.dtype)
         if feedback is not None:
             fused = self.fusion(x, feedback.to(x.dtype))
             x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
@@ -462,7 +425,7 @@ class FullBandLM(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin, masks, cache)
         if cache is not None:
-            cache.length = start + T
+            cache.advance(T)
 
         normed = self.norm(x)
         hidden = normed if self.config.feedback_source == "final_norm" else x
@@ -523,7 +486,7 @@ class FullBandLM(nn.Module):
         feedback = shift_right(out.hidden)
         for _ in range(n_passes):
             if past_key_values is not None:
-                past_key_values.length = start  # the next pass overwrites this pass's keys and values
+                past_key_values.truncate(start)  # the next pass overwrites this pass's keys and values
             new = self(input_ids, feedback=feedback, plain_mask=plain, **kwargs)
             passes += ~done
             if adaptive:
@@ -551,20 +514,19 @@ class FullBandLM(nn.Module):
         device = self.device
         if attention_mask is not None:
             attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            if cache is not None:
-                if attention_mask.shape[1] == start + T:
-                    attention_mask = attention_mask[:, start:]
-                cache.key_mask[:, start : start + T] = attention_mask
+            if cache is not None and attention_mask.shape[1] == start + T:
+                attention_mask = attention_mask[:, start:]
         n_keys = start + T
         # Only a forward that is given an attention mask inspects it (a device sync); decode steps
-        # reuse the cache's flag.
-        has_padding = attention_mask is not None and not bool(attention_mask.all())
-        key_mask = None
+        # reuse the cache's padding flag.
         if cache is not None:
-            cache.has_padding |= has_padding
-            key_mask = cache.key_mask[:, :n_keys] if cache.has_padding else None
-        elif has_padding:
+            if attention_mask is not None:
+                cache.mask_keys(attention_mask)
+            key_mask = cache.key_mask_through(n_keys)
+        elif attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask
+        else:
+            key_mask = None
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in self._windows:
             need_window = window is not None and n_keys > window
@@ -586,59 +548,46 @@ class FullBandLM(nn.Module):
             masks[window] = allowed.unsqueeze(1)
         return masks
 
-    # ---- multi-pass (Jacobi) computation and the training objective (docs/method.md §4) ------
+    # ---- multi-pass (Jacobi) computation (docs/method.md §4; the loss is fullband.train.objective) ------
 
-    def multipass(
+    def iterate_passes(
         self,
         input_ids: torch.Tensor,
         passes: int,
-        labels: torch.Tensor | None = None,
         plain_mask: torch.Tensor | None = None,
         bos_token_id: int | None = None,
         jitter: float | None = None,
         prefix_mixin: float = 0.0,
         detach: bool = False,
-        later_pass_weight: float = 1.0,
-        pass_loss: str = "paper",
-        z_loss: float = 0.0,
-        ignore_index: int = -100,
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-        backward_scale: float | None = None,
-        keep_logits: bool = True,
         segment_ids: torch.Tensor | None = None,
         grad_passes: int | None = None,
-    ) -> MultipassOutput:
-        """K passes over the whole sequence, all positions in parallel.
+    ) -> Iterator[ModelOutput]:
+        """K passes over the whole sequence, all positions in parallel, yielded one at a time.
 
         Pass 1 is a plain forward; pass k >= 2 fuses position t with pass k-1's top state at t-1
         (plus jitter ε ~ U[-σ, σ], σ = ``jitter``, default config.feedback_jitter in training mode
         and 0 in eval mode). Position 0, positions in ``plain_mask`` and positions holding
         ``bos_token_id`` (document starts) stay plain in every pass. ``prefix_mixin`` = f > 0 draws per
         sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
-        With ``labels`` (B, T; ``ignore_index`` skipped) the loss of Eq. 12 is returned (``pass_loss``
-        "paper"); "last": pass K's loss alone (the other passes' losses are still reported); "paper+last":
-        Eq. 12 + pass K's loss; "first+last": L1 + LK (the plain pass and the last, no pass between).
         ``generator`` may be one generator per row, so that a row's random draws do not depend on
-        which rank or micro-batch it lands in. ``backward_scale`` (needs ``labels`` and ``detach``):
-        backpropagate ``backward_scale`` × each pass's loss term right after that pass, freeing its
-        graph, so detaching saves memory; the returned loss is then detached. ``keep_logits=False``
-        returns no logits (``out.logits`` is empty), so (B, T, V) tensors are not held across passes.
-        ``segment_ids`` (B, T): packed documents isolated from each other (see ``forward``); the first
-        position of each run is plain. A loss over no valid label (all ``ignore_index``) is 0, not NaN.
-        ``grad_passes`` = g: only the last g passes build a graph (T2MLR-style); the first K - g run under
-        no_grad, so K can reach the sequence length (the exact recurrence) at the memory of g passes.
-        Their loss terms still count in ``loss`` and ``pass_losses`` but carry no gradient.
+        which rank or micro-batch it lands in. ``detach``: the fed-back states carry no gradient into
+        the pass that produced them. ``segment_ids`` (B, T): packed documents isolated from each other
+        (see ``forward``); the first position of each run is plain. ``grad_passes`` = g: only the last g
+        passes build a graph (T2MLR-style); the first K - g run under no_grad, so K can reach the sequence
+        length (the exact recurrence) at the memory of g passes.
+
+        Pass k + 1 runs only when the next one is asked for, so a consumer may take pass k's loss and
+        backpropagate it first (with ``detach``, freeing pass k's graph before pass k + 1 is built), and
+        keeps only what it needs of each pass. The arguments are checked, and the prefix lengths drawn,
+        when this is called, before the first pass runs.
         """
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
-        if pass_loss not in PASS_LOSSES:
-            raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
         if grad_passes is not None and grad_passes < 1:
             raise ValueError(f"grad_passes must be None (all passes) or >= 1, got {grad_passes}")
-        if backward_scale is not None and (labels is None or not detach):
-            raise ValueError("backward_scale needs labels and detach=True (without detach, passes share one graph)")
         B, T = input_ids.shape
         device = input_ids.device
         if jitter is None:
@@ -655,57 +604,56 @@ class FullBandLM(nn.Module):
             max_prefix = max(1, math.ceil(prefix_mixin * T))
             p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
             plain |= torch.arange(T, device=device).unsqueeze(0) <= p
+        forward = dict(attention_mask=attention_mask, position_ids=position_ids, segment_ids=segment_ids)
+        return self._passes(input_ids, passes, plain, jitter, detach, generator, grad_passes, forward)
 
-        out = MultipassOutput(logits=[], hidden=[])
+    def _passes(
+        self,
+        input_ids: torch.Tensor,
+        passes: int,
+        plain: torch.Tensor,
+        jitter: float,
+        detach: bool,
+        generator: torch.Generator | Sequence[torch.Generator] | None,
+        grad_passes: int | None,
+        forward: dict[str, torch.Tensor | None],
+    ) -> Iterator[ModelOutput]:
         feedback = None
-        terms = []
         for k in range(passes):
             with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
             with torch.set_grad_enabled(with_grad):
-                step = self(
-                    input_ids,
-                    feedback=feedback,
-                    plain_mask=plain if k > 0 else None,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    segment_ids=segment_ids,
-                )
-            logits, hidden = step.logits, step.hidden
-            if labels is not None:
-                # Eq. 12 as a sum of per-pass terms: L1 + λ/(K-1)·(L2 + ... + LK), z-loss averaged over passes.
-                # Mean over valid labels, written as sum / count so that a batch whose targets are all
-                # masked (e.g. a window inside a long user turn) contributes 0 instead of NaN.
-                valid = (labels != ignore_index).flatten()
-                count = valid.sum().clamp_min(1)
-                pass_ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=ignore_index,
-                                          reduction="sum") / count
-                paper = 1.0 if k == 0 else later_pass_weight / (passes - 1)
-                last = 1.0 if k == passes - 1 else 0.0
-                weight = {"paper": paper, "last": last, "paper+last": paper + last,
-                          "first+last": max(last, float(k == 0))}[pass_loss]
-                # A pass without weight adds no graph: its loss is reported, not backpropagated.
-                term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
-                if z_loss > 0:
-                    lse = logits.flatten(0, 1).float().logsumexp(-1)
-                    term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count
-                if backward_scale is not None and term.requires_grad:
-                    # With detached states, pass k's graph is not needed after its own loss term:
-                    # backpropagate and free it now, so memory holds one pass instead of K.
-                    (backward_scale * term).backward()
-                    term, pass_ce = term.detach(), pass_ce.detach()
-                    logits, hidden = logits.detach(), hidden.detach()
-                terms.append(term)
-                out.pass_losses.append(pass_ce)
-            if keep_logits:
-                out.logits.append(logits)
-            out.hidden.append(hidden)
+                step = self(input_ids, feedback=feedback, plain_mask=plain if k > 0 else None, **forward)
+            yield step
             if k + 1 < passes:
-                feedback = shift_right(hidden.detach() if detach else hidden)
+                feedback = shift_right(step.hidden.detach() if detach else step.hidden)
                 if jitter > 0:
-                    noise = uniform(feedback.shape, generator, device, feedback.dtype)
+                    noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
                     feedback = feedback + (2 * noise - 1) * jitter
-        if terms:
-            out.loss = torch.stack(terms).sum()
+
+    def multipass(
+        self,
+        input_ids: torch.Tensor,
+        passes: int,
+        plain_mask: torch.Tensor | None = None,
+        bos_token_id: int | None = None,
+        jitter: float | None = None,
+        prefix_mixin: float = 0.0,
+        detach: bool = False,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        grad_passes: int | None = None,
+    ) -> MultipassOutput:
+        """Every pass's logits and top states of ``iterate_passes`` (same arguments), held together."""
+        out = MultipassOutput(logits=[], hidden=[])
+        for step in self.iterate_passes(
+            input_ids, passes, plain_mask=plain_mask, bos_token_id=bos_token_id, jitter=jitter,
+            prefix_mixin=prefix_mixin, detach=detach, generator=generator, attention_mask=attention_mask,
+            position_ids=position_ids, segment_ids=segment_ids, grad_passes=grad_passes,
+        ):
+            out.logits.append(step.logits)
+            out.hidden.append(step.hidden)
         return out
 
     # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
@@ -721,6 +669,8 @@ class FullBandLM(nn.Module):
         os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
         os.replace(tmp, directory / WEIGHTS_NAME)
         self.config.save(directory / CONFIG_NAME)
+        if self.decode_defaults:
+            (directory / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.decode_defaults, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
@@ -746,6 +696,11 @@ class FullBandLM(nn.Module):
             raise ValueError(
                 f"{directory / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {unexpected}"
             )
+        if (directory / DECODE_DEFAULTS_NAME).is_file():
+            try:
+                model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())
+            except ValueError as exc:
+                raise ValueError(f"{directory / DECODE_DEFAULTS_NAME} is unreadable: {exc}") from exc
         return model.to(device=device, dtype=dtype)
 
 

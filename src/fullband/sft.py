@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from fullband.errors import ConfigError
+from fullband.storage import find_tokenizer_dir, resolve_model_dir
 
 SFT_DEFAULTS: dict[str, dict[str, Any]] = {
     "data": {"format": "chat"},
@@ -56,8 +57,6 @@ def _read_yaml(path: Path) -> dict:
 
 def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
     """The nested config of an SFT run of ``model_dir`` before command-line overrides (see the module doc)."""
-    from fullband.train.checkpoint import find_tokenizer_dir
-
     raw: dict[str, dict[str, Any]] = {}
     run_config = model_dir.parent.parent.parent / "config.yaml"
     if model_dir.name == "model" and run_config.is_file():
@@ -83,7 +82,6 @@ def run(args: argparse.Namespace) -> None:
     from fullband.eval import format_eval_table
     from fullband.loading import preset_path
     from fullband.train import train
-    from fullband.train.checkpoint import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model)
     overrides = {k: v for k, v in vars(args).items() if "." in k}

@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
-from fullband.loading import default_fused_max_passes, load_model, run_config_section, run_dir_of
+from fullband.loading import load_model, run_config_section, run_dir_of
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL
-
     p = subparsers.add_parser(
         "bench", help="generation benchmarks: accuracy, pass@k and trace length per decode mode and temperature",
         description="Generate answers in each decode mode and temperature, score them and write results.json, "
@@ -22,8 +21,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("model", help="run directory, checkpoint, model directory or exported Hugging Face directory")
     p.add_argument("--task", action="append", required=True, metavar="TASK",
                    help="synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:key=value,...] or humaneval (repeatable)")
-    p.add_argument("--modes", default="standard,soft,fused:1",
-                   help="comma-separated: standard, soft, fused:N, fused:auto (default: standard,soft,fused:1)")
+    p.add_argument("--modes",
+                   help="comma-separated: standard, soft, fused (the model's stored passes), fused:N, fused:auto "
+                   "(default: the decode mode stored with the model, from how it was trained)")
     p.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy (default: 0)")
     p.add_argument("--samples", type=int, default=1, help="samples per problem at temperatures > 0 (default: 1)")
     p.add_argument("--k", default="1", help="comma-separated k of pass@k, each <= --samples (default: 1)")
@@ -39,11 +39,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="synthetic tasks: data.seed of the held-out split (default: the run's, else 0)")
     p.add_argument("--val-examples", type=int,
                    help="synthetic tasks: data.synthetic_val_examples (default: the run's, else 500)")
-    p.add_argument("--fused-tol", type=float, default=DEFAULT_FUSED_TOL,
-                   help=f"fused:auto: stop at this relative state change (default: {DEFAULT_FUSED_TOL})")
-    p.add_argument("--fused-max-passes", type=int,
-                   help="fused:auto: at most this many passes (default: the model's max_seq_len for a run trained "
-                   f"with train.schedule exact, else {DEFAULT_FUSED_MAX_PASSES})")
+    p.add_argument("--fused-tol", metavar="TOL",
+                   help="fused:auto: stop at this relative state change (default: the model's stored setting)")
+    p.add_argument("--fused-max-passes", metavar="N",
+                   help="fused:auto: at most this many passes (default: the model's stored setting: its context for a "
+                   "run trained with train.schedule exact)")
     p.add_argument("--timeout", type=float, default=10.0, help="humaneval: wall seconds per program (default: 10)")
     p.add_argument("--workers", type=int, help="humaneval: programs run in parallel (default: CPU count)")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
@@ -74,28 +74,24 @@ def run(args: argparse.Namespace) -> None:
     from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
     from fullband.bench.sandbox import Limits
     from fullband.bench.tasks import make_task
-    from fullband.model import DEFAULT_FUSED_MAX_PASSES
 
-    modes = parse_modes(args.modes)
+    if args.modes is not None:
+        parse_modes(args.modes)  # a bad mode fails before the model is loaded
     temperatures = parse_temperatures(args.temperatures)
     ks = _ints(args.k, "--k")
     if args.samples < 1:
         raise ConfigError(f"--samples must be >= 1, got {args.samples}")
     if ks[-1] > args.samples and any(t > 0 for t in temperatures):
         raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
-    for name in ("limit", "max_new_tokens", "batch_size", "workers", "fused_max_passes"):
+    for name in ("limit", "max_new_tokens", "batch_size", "workers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     model, tokenizer = load_model(args.model, args.device)
-    run_dir = run_dir_of(args.model)
-    recorded = run_data_settings(run_dir)
-    fused_max_passes = args.fused_max_passes
-    if fused_max_passes is None:
-        fused_max_passes = default_fused_max_passes(run_dir, model.config.max_seq_len)
-        if fused_max_passes != DEFAULT_FUSED_MAX_PASSES and any(m.fused_passes == "auto" for m in modes):
-            print(f"fused:auto: up to {fused_max_passes} passes (the model's context; the run was trained with "
-                  "train.schedule exact)", file=sys.stderr)
+    base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
+    modes = parse_modes(args.modes or base.label, base)
+    print("decode settings: " + ", ".join(m.describe() for m in modes), file=sys.stderr)
+    recorded = run_data_settings(run_dir_of(args.model))
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
     tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,
@@ -106,8 +102,8 @@ def run(args: argparse.Namespace) -> None:
     settings = BenchSettings(
         model=str(Path(args.model).resolve()), modes=[m.label for m in modes], temperatures=temperatures,
         samples=args.samples, ks=ks, limit=args.limit, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, top_p=args.top_p, fused_tol=args.fused_tol,
-        fused_max_passes=fused_max_passes, bootstrap=args.bootstrap,
+        batch_size=args.batch_size, seed=args.seed, top_p=args.top_p, fused_tol=base.fused_tol,
+        fused_max_passes=base.fused_max_passes, bootstrap=args.bootstrap,
         extra={"match": args.match, "data_seed": data_seed, "val_examples": val_examples},
     )
     run_bench(model, tokenizer, tasks, settings, args.out, progress=not args.no_progress, plots=not args.no_plots)

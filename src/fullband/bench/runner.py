@@ -13,7 +13,7 @@ import os
 import random
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch
 
 from fullband.bench.metrics import summarize
 from fullband.bench.tasks import BenchTask, Problem
+from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 
 SAMPLES = "samples.jsonl"
@@ -29,38 +30,11 @@ RESULTS_MD = "results.md"
 SETTINGS = "bench_config.json"
 
 
-@dataclass(frozen=True)
-class Mode:
-    """A decode mode as written on the command line: standard, soft, fused:N or fused:auto."""
-
-    label: str
-    mode: str
-    fused_passes: int | str = 1
-
-    def generate_kwargs(self, fused_tol: float, fused_max_passes: int) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"mode": self.mode, "fused_passes": self.fused_passes}
-        if self.fused_passes == "auto":
-            kwargs.update(fused_tol=fused_tol, fused_max_passes=fused_max_passes)
-        return kwargs
-
-
-def parse_mode(text: str) -> Mode:
-    text = text.strip()
-    if text in ("standard", "soft"):
-        return Mode(text, text, 1)
-    name, _, passes = text.partition(":")
-    if name == "fused":
-        if passes == "auto":
-            return Mode("fused:auto", "fused", "auto")
-        if passes == "":
-            return Mode("fused:1", "fused", 1)
-        if passes.isdigit() and int(passes) >= 1:
-            return Mode(f"fused:{int(passes)}", "fused", int(passes))
-    raise ConfigError(f"unknown decode mode {text!r}; modes are standard, soft, fused:N (N >= 1) and fused:auto")
-
-
-def parse_modes(text: str) -> list[Mode]:
-    modes = [parse_mode(m) for m in text.split(",") if m.strip()]
+def parse_modes(text: str, base: DecodeSettings | None = None) -> list[DecodeSettings]:
+    """Comma-separated modes (standard, soft, fused, fused:N, fused:auto) as decode settings: ``base`` (the
+    model's stored settings; "fused" takes its passes, fused:auto its tolerance and cap) in each mode, once."""
+    base = base or DecodeSettings()
+    modes = [base.with_label(m) for m in text.split(",") if m.strip()]
     if not modes:
         raise ConfigError("--modes is empty; give e.g. standard,soft,fused:1")
     return list({m.label: m for m in modes}.values())
@@ -88,8 +62,9 @@ class BenchSettings:
     batch_size: int = 16
     seed: int = 0
     top_p: float | None = None
-    fused_tol: float = 1e-3
-    fused_max_passes: int = 8
+    # fused:auto's tolerance and cap; None: the model's stored ones (the results record the values used)
+    fused_tol: float | None = None
+    fused_max_passes: int | None = None
     bootstrap: int = 1000
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -181,7 +156,7 @@ def run_task(
     tokenizer: Any,
     task: BenchTask,
     settings: BenchSettings,
-    modes: Sequence[Mode],
+    modes: Sequence[DecodeSettings],
     out_dir: Path,
     done: dict[str, dict],
     progress: bool = True,
@@ -206,7 +181,7 @@ def run_task(
         )
     stop_ids = stop_token_ids(tokenizer, task.stop)
 
-    jobs: list[tuple[Mode, float, Problem, int]] = []
+    jobs: list[tuple[DecodeSettings, float, Problem, int]] = []
     for mode in modes:
         for temperature in settings.temperatures:
             n = 1 if temperature == 0 else settings.samples
@@ -229,8 +204,7 @@ def run_task(
                 seed = random.Random(f"{settings.seed}/{task.name}/{label}/{temperature}/{batch_no}").getrandbits(62)
                 tokens, passes, converged = generate_batch(
                     model, tokenizer, prompts, min(max_new, room), task, stop_ids,
-                    temperature=temperature, top_p=settings.top_p, seed=seed,
-                    **mode.generate_kwargs(settings.fused_tol, settings.fused_max_passes),
+                    temperature=temperature, top_p=settings.top_p, seed=seed, decode=mode,
                 )
                 completions = [task.cut(tokenizer.decode(t)) for t in tokens]
                 scores = task.score([p for _, _, p, _ in batch], completions)
@@ -350,8 +324,13 @@ def run_bench(
     progress: bool = True,
     plots: bool = True,
 ) -> dict:
-    """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots."""
-    modes = [parse_mode(m) for m in settings.modes]
+    """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots. Each mode
+    decodes with the model's stored settings in that mode (``parse_modes``)."""
+    base = DecodeSettings.of(model).with_overrides(fused_tol=settings.fused_tol,
+                                                   fused_max_passes=settings.fused_max_passes)
+    modes = parse_modes(",".join(settings.modes), base)
+    settings = replace(settings, modes=[m.label for m in modes], fused_tol=base.fused_tol,
+                       fused_max_passes=base.fused_max_passes)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     check_settings(out_dir, settings)

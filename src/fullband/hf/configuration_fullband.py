@@ -1,7 +1,8 @@
 """Hugging Face configuration of an exported fullband model (``model_type="fullband"``).
 
 This file is copied next to exported weights and loaded by ``transformers`` with ``trust_remote_code``;
-it imports only ``transformers``. The fullband model's own configuration (the fields of
+it imports ``transformers`` and the decode settings' checks (``fullband_decoding.py``, shipped beside it).
+The fullband model's own configuration (the fields of
 ``FullBandConfig``) is kept verbatim under the ``fullband`` key; the usual Hugging Face names
 (``hidden_size``, ``num_hidden_layers``, ...) are filled in from it for tools that read them.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-DECODE_MODES = ("standard", "soft", "fused")
+from .fullband_decoding import DecodeSettings
 
 # Hugging Face attribute name -> fullband field, for tools that read the standard names.
 _STANDARD_NAMES = {
@@ -29,14 +30,18 @@ class FullBandHFConfig(PreTrainedConfig):
     r"""
     fullband (dict): the fields of ``fullband.model.FullBandConfig`` (d_model, n_layers, fusion, ...).
     decode_mode (str): default latent-feedback mode of ``generate()``: "standard", "soft" or "fused".
-    fused_passes (int): default number of extra fused prefill passes in "fused" mode.
+    fused_passes (int or "auto"): default extra fused prefill passes in "fused" mode.
+    fused_tol (float), fused_max_passes (int): ``fused_passes="auto"``'s tolerance and cap.
+    These four are the model's stored decode settings (``fullband.decoding.DecodeSettings``).
     """
 
     model_type = "fullband"
 
     fullband: dict | None = None
     decode_mode: str = "standard"
-    fused_passes: int = 1
+    fused_passes: int | str = 1
+    fused_tol: float = 1e-3
+    fused_max_passes: int = 8
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -47,10 +52,7 @@ class FullBandHFConfig(PreTrainedConfig):
         for name in _STANDARD_NAMES:  # derived below; stale copies from a saved config.json are dropped
             kwargs.pop(name, None)
         kwargs.pop("head_dim", None)
-        if self.decode_mode not in DECODE_MODES:
-            raise ValueError(f"decode_mode={self.decode_mode!r}; choose one of {', '.join(DECODE_MODES)}")
-        if not isinstance(self.fused_passes, int) or self.fused_passes < 1:
-            raise ValueError(f"fused_passes={self.fused_passes!r} must be a positive integer")
+        self.decode_settings()  # refuse a bad stored value when the config is read, not at the first generate()
         super().__post_init__(**kwargs)
         fb = dict(self.fullband or {})
         for hf_name, fb_name in _STANDARD_NAMES.items():
@@ -61,3 +63,7 @@ class FullBandHFConfig(PreTrainedConfig):
             object.__setattr__(self, "head_dim", head_dim)
             if fb.get("n_kv_heads") is None:
                 object.__setattr__(self, "num_key_value_heads", fb["n_heads"])
+
+    def decode_settings(self) -> DecodeSettings:
+        """The stored decode settings, checked."""
+        return DecodeSettings.from_dict({k: getattr(self, k) for k in DecodeSettings().to_dict()}, "config.json")

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError
 from fullband.model import FullBandConfig, FullBandLM
 
@@ -378,6 +379,9 @@ def convert_from_hf(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch
             raise ConfigError(f"dtype={dtype!r} is not a torch dtype (e.g. float32, bfloat16, float16)")
         dtype = getattr(torch, dtype)
     model = hf_to_fullband_model(src, dtype=dtype)
+    # A pretrained transformer's fusion is untrained: soft or fused decoding would feed its states through a
+    # random gate, so the converted model decodes in standard mode until it is trained with feedback.
+    DecodeSettings("standard").store_in(model)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
     copy_tokenizer_files(src, dst / "tokenizer")

@@ -7,13 +7,21 @@ import os
 import shutil
 from pathlib import Path
 
-from fullband.errors import CheckpointError, ConfigError
+from fullband.decoding import DecodeSettings
+from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
+from fullband.loading import fill_decode_defaults
+from fullband.storage import resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = _HERE.parent / "model.py"
 MODEL_FILE = "fullband_model.py"
+# model.py imports these relatively (and nothing else of the package): they ship beside it under their own names.
+MODEL_DEPENDENCIES = ("kv_cache.py",)
+# The modeling code's own copy of fullband's decode settings (it imports fullband_model.py, fullband's package only
+# inside try/except).
+DECODING_SOURCE, DECODING_FILE = _HERE.parent / "decoding.py", "fullband_decoding.py"
 MODULE_FILES = ("configuration_fullband.py", "modeling_fullband.py")
 AUTO_MAP = {
     "AutoConfig": "configuration_fullband.FullBandHFConfig",
@@ -41,28 +49,26 @@ def _stored_dtype(model_dir: Path):
 
 
 def export_hf(
-    model_dir: str | os.PathLike,
+    source: str | os.PathLike,
     dst: str | os.PathLike,
-    decode_mode: str = "standard",
-    fused_passes: int = 1,
+    decode_mode: str | None = None,
+    fused_passes: int | str | None = None,
+    fused_tol: float | None = None,
+    fused_max_passes: int | None = None,
 ) -> Path:
     """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the
-    fullband model in ``model_dir`` (config.json + model.safetensors written by ``FullBandLM.save_pretrained``):
-    an HF config (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the
-    tokenizer files of ``model_dir/tokenizer/``. ``decode_mode``/``fused_passes`` become the defaults of
-    ``generate()``."""
+    fullband model of ``source`` (a run directory, checkpoint or model directory): an HF config
+    (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the tokenizer files of
+    the model's ``tokenizer/``. The model's stored decode settings, with the fields given here replaced, become
+    the defaults of ``generate()``."""
     import torch
     from transformers import GenerationConfig
 
-    from fullband.hf.configuration_fullband import DECODE_MODES, FullBandHFConfig
+    from fullband.hf.configuration_fullband import FullBandHFConfig
     from fullband.hf.modeling_fullband import FullBandForCausalLM
     from fullband.model import FullBandLM, ordinary_file_mode
 
-    model_dir, dst = Path(model_dir), Path(dst)
-    if decode_mode not in DECODE_MODES:
-        raise ConfigError(f"decode_mode={decode_mode!r} is unknown; choose one of {', '.join(DECODE_MODES)}")
-    if not isinstance(fused_passes, int) or fused_passes < 1:
-        raise ConfigError(f"fused_passes={fused_passes!r} must be a positive integer")
+    model_dir, dst = resolve_model_dir(source), Path(dst)
     try:
         dtype = _stored_dtype(model_dir)
         model = FullBandLM.from_pretrained(model_dir, dtype=dtype)
@@ -71,6 +77,9 @@ def export_hf(
         raise CheckpointError(str(exc)) from exc
     except ValueError as exc:
         raise CheckpointError(f"cannot export {model_dir}: {exc}") from exc
+    fill_decode_defaults(model, model_dir)
+    settings = DecodeSettings.of(model).with_overrides(decode_mode=decode_mode, fused_passes=fused_passes,
+                                                       fused_tol=fused_tol, fused_max_passes=fused_max_passes)
 
     tokenizer_dir = model_dir / "tokenizer"
     generation = {}
@@ -82,8 +91,7 @@ def export_hf(
 
     config = FullBandHFConfig(
         fullband=model.config.to_dict(),
-        decode_mode=decode_mode,
-        fused_passes=fused_passes,
+        **settings.to_dict(),
         architectures=["FullBandForCausalLM"],
         auto_map=dict(AUTO_MAP),
         dtype=dtype,
@@ -110,8 +118,10 @@ def export_hf(
     config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     for name in MODULE_FILES:
         shutil.copyfile(_HERE / name, dst / name)
-    # model.py keeps its imports of the package inside try/except, which the remote-code loader skips.
     shutil.copyfile(MODEL_SOURCE, dst / MODEL_FILE)
+    shutil.copyfile(DECODING_SOURCE, dst / DECODING_FILE)
+    for name in MODEL_DEPENDENCIES:
+        shutil.copyfile(MODEL_SOURCE.parent / name, dst / name)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, dst / name)

@@ -1,15 +1,16 @@
 """In-package stand-in for the copy of ``fullband/model.py`` that an export ships as ``fullband_model.py``.
 
 ``modeling_fullband.py`` imports ``.fullband_model`` relatively so that the same file works both here and
-in an exported directory; here that resolves to the package's own model code (the same classes).
+in an exported directory; here that resolves to the package's own model code (the same classes). The
+exported copy of ``model.py`` imports ``KVCache`` from the ``kv_cache.py`` shipped beside it.
 """
 
+from fullband.kv_cache import KVCache
 from fullband.model import (
     DEFAULT_FUSED_MAX_PASSES,
     DEFAULT_FUSED_TOL,
     FullBandConfig,
     FullBandLM,
-    KVCache,
     RMSNorm,
     init_std_of,
     rope_inv_freq,

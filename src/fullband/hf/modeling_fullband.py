@@ -1,11 +1,12 @@
 """A fullband model inside ``transformers``: ``AutoModelForCausalLM`` + ``generate()`` with latent feedback.
 
 This file is copied next to exported weights (with ``configuration_fullband.py`` and fullband's own
-``model.py`` as ``fullband_model.py``) and loaded with ``trust_remote_code=True``; in-process,
-``fullband.hf.register()`` registers the same classes. The maths is fullband's own ``FullBandLM``: this
-wrapper only routes ``transformers``' generation loop through it.
+``model.py`` and ``decoding.py`` as ``fullband_model.py`` and ``fullband_decoding.py``) and loaded with
+``trust_remote_code=True``; in-process, ``fullband.hf.register()`` registers the same classes. The maths is
+fullband's own ``FullBandLM``: this wrapper only routes ``transformers``' generation loop through it.
 
-``generate(decode_mode=..., fused_passes=...)`` (docs/method.md §6):
+``generate(decode_mode=..., fused_passes=...)`` (docs/method.md §6; what a call leaves out comes from the
+decode settings stored in config.json, checked by ``DecodeSettings``):
 
 - ``"standard"``: the model as an ordinary transformer;
 - ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
@@ -29,10 +30,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import ModelOutput
 
-from .configuration_fullband import DECODE_MODES, FullBandHFConfig
+from .configuration_fullband import FullBandHFConfig
+from .fullband_decoding import DecodeSettings
 from .fullband_model import (
-    DEFAULT_FUSED_MAX_PASSES,
-    DEFAULT_FUSED_TOL,
     FullBandConfig,
     FullBandLM,
     KVCache,
@@ -50,15 +50,6 @@ except ImportError:  # pragma: no cover
 _CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
-def _check_mode(decode_mode: str, fused_passes: int | str) -> None:
-    if decode_mode not in DECODE_MODES:
-        raise ValueError(f"decode_mode={decode_mode!r} is unknown; choose one of {', '.join(DECODE_MODES)}")
-    if fused_passes == "auto":
-        return
-    if not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 1:
-        raise ValueError(f"fused_passes={fused_passes!r} must be a positive integer or 'auto'")
-
-
 class FullBandCache(Cache):
     """fullband's preallocated :class:`KVCache` plus the carried top state and the decode mode.
 
@@ -71,19 +62,27 @@ class FullBandCache(Cache):
         decode_mode: str = "standard",
         fused_passes: int | str = 1,
         max_length: int | None = None,
-        fused_tol: float = DEFAULT_FUSED_TOL,
-        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+        fused_tol: float | None = None,
+        fused_max_passes: int | None = None,
+        settings: DecodeSettings | None = None,
     ):
+        """Decode settings: ``settings`` if given, else the defaults with the given fields."""
         super().__init__(layers=[])
-        _check_mode(decode_mode, fused_passes)
-        self.decode_mode = decode_mode
-        self.fused_passes = fused_passes
-        self.fused_tol, self.fused_max_passes = fused_tol, fused_max_passes
+        self.settings = settings or DecodeSettings().with_overrides(
+            mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
         self.prefill_passes: torch.Tensor | None = None  # (B,): fused prefill passes each row ran
         self.max_length = max_length
         self.kv: KVCache | None = None
         self.state: torch.Tensor | None = None  # (B, 1, D): top state of the last processed position
         self.next_position: torch.Tensor | None = None  # (B, 1): RoPE position of the next token
+
+    @property
+    def decode_mode(self) -> str:
+        return self.settings.mode
+
+    @property
+    def fused_passes(self) -> int | str:
+        return self.settings.fused_passes
 
     def __repr__(self) -> str:
         return (
@@ -101,7 +100,7 @@ class FullBandCache(Cache):
 
     @property
     def batch_size(self) -> int:
-        return -1 if self.kv is None else self.kv.k[0].shape[0]
+        return -1 if self.kv is None else self.kv.batch_size
 
     @property
     def is_compileable(self) -> bool:
@@ -134,7 +133,7 @@ class FullBandCache(Cache):
         """Keep or reorder batch rows (beam search, dropping finished rows); the state follows its row."""
         if self.kv is None:
             return
-        indices = indices.to(self.kv.k[0].device)
+        indices = indices.to(self.kv.device)
         self.kv.select_rows(indices)
         if self.state is not None:
             self.state = self.state.index_select(0, indices)
@@ -146,7 +145,7 @@ class FullBandCache(Cache):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.kv is not None:
-            rows = torch.arange(self.batch_size, device=self.kv.k[0].device)
+            rows = torch.arange(self.batch_size, device=self.kv.device)
             self.batch_select_indices(rows.repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -162,7 +161,7 @@ class FullBandCache(Cache):
                 f"FullBandCache cannot be rolled back in {self.decode_mode!r} mode (the fed-back top state of "
                 "earlier steps is not kept); assisted/speculative decoding works in standard mode only"
             )
-        self.kv.length = max(keep, 0)
+        self.kv.truncate(max(keep, 0))
         if self.next_position is not None:
             self.next_position = self.next_position - (length - self.kv.length)
 
@@ -170,25 +169,19 @@ class FullBandCache(Cache):
 
     def ensure_capacity(self, model: FullBandLM, batch_size: int, needed: int) -> KVCache:
         kv = self.kv
-        if kv is not None and kv.k[0].shape[0] != batch_size:
+        if kv is not None and kv.batch_size != batch_size:
             raise ValueError(
-                f"FullBandCache holds {kv.k[0].shape[0]} rows but the input has {batch_size}; "
+                f"FullBandCache holds {kv.batch_size} rows but the input has {batch_size}; "
                 "use reorder_cache / batch_select_indices to change the batch"
             )
         if kv is not None and kv.max_len >= needed:
             return kv
         capacity = max(needed, self.max_length or 0, 2 * kv.max_len if kv is not None else 0)
-        new = KVCache(model.config, batch_size, capacity, model.device, model.embed.weight.dtype)
-        if kv is not None:
-            n = kv.length
-            for layer in range(len(kv.k)):
-                new.k[layer][:, :, :n] = kv.k[layer][:, :, :n]
-                new.v[layer][:, :, :n] = kv.v[layer][:, :, :n]
-            new.key_mask[:, :n] = kv.key_mask[:, :n]
-            new.has_padding = kv.has_padding
-            new.length = n
-        self.kv = new
-        return new
+        if kv is None:
+            self.kv = KVCache(model.config, batch_size, capacity, model.device, model.embed.weight.dtype)
+        else:
+            kv.grow(capacity)
+        return self.kv
 
 
 class FullBandPreTrainedModel(PreTrainedModel):
@@ -268,21 +261,16 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             )
         if use_cache is None:
             use_cache = cache is not None
-        mode = decode_mode if decode_mode is not None else (cache.decode_mode if cache is not None else "standard")
-        passes = fused_passes if fused_passes is not None else (cache.fused_passes if cache is not None else 1)
-        _check_mode(mode, passes)
+        base = cache.settings if cache is not None else self.config.decode_settings()
+        settings = base.with_overrides(mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                                       fused_max_passes=fused_max_passes)
         if use_cache and cache is None:
-            cache = FullBandCache(mode, passes)
-        if cache is not None and cache.get_seq_length() == 0:  # the prefill reads them from the cache
-            cache.fused_tol = fused_tol if fused_tol is not None else cache.fused_tol
-            cache.fused_max_passes = fused_max_passes if fused_max_passes is not None else cache.fused_max_passes
+            cache = FullBandCache(settings=settings)
 
         if cache is None:
-            adaptive = (fused_tol if fused_tol is not None else DEFAULT_FUSED_TOL,
-                        fused_max_passes if fused_max_passes is not None else DEFAULT_FUSED_MAX_PASSES)
-            logits, hidden, _ = self._fb_prefill(input_ids, attention_mask, position_ids, None, mode, passes, *adaptive)
+            logits, hidden, _ = self._fb_prefill(input_ids, attention_mask, position_ids, None, settings)
         else:
-            logits, hidden = self._fb_cached_forward(cache, input_ids, attention_mask, position_ids, mode, passes)
+            logits, hidden = self._fb_cached_forward(cache, input_ids, attention_mask, position_ids, settings)
 
         loss = None
         if labels is not None:
@@ -304,30 +292,30 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             return out.to_tuple()
         return out
 
-    def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, mode, passes, tol, max_passes):
-        """Plain pass, plus ``passes`` (or "auto": adaptive, ``tol``/``max_passes``) fused passes in fused
-        mode (docs/method.md §6); padding and each row's first position stay plain. With ``kv`` the cache of the last
-        pass is kept. Returns logits, hidden states and the (B,) fused passes each row ran."""
+    def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, settings: DecodeSettings):
+        """Plain pass, plus the settings' fused passes in fused mode (docs/method.md §6); padding and each
+        row's first position stay plain. With ``kv`` the cache of the last pass is kept. Returns logits, hidden
+        states and the (B,) fused passes each row ran."""
         T = input_ids.shape[1]
         mask = None if attention_mask is None else attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
         out = self.model.prefill(
             input_ids,
-            passes if mode == "fused" else 0,
+            settings.prefill_passes,
             attention_mask=mask,
             position_ids=position_ids,
             past_key_values=kv,
             use_cache=kv is not None,
-            fused_tol=tol,
-            fused_max_passes=max_passes,
+            fused_tol=settings.fused_tol,
+            fused_max_passes=settings.fused_max_passes,
         )
         return out.logits, out.hidden, out.passes
 
-    def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, mode, passes):
+    def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, settings: DecodeSettings):
         fb = self.model
         B, T = input_ids.shape
         start = cache.get_seq_length()
-        if start == 0:
-            cache.decode_mode, cache.fused_passes = mode, passes
+        if start == 0:  # the prefill fixes the cache's settings; later calls decode as it was filled
+            cache.settings = settings
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError("fullband models take a 2-D (batch, length) attention_mask")
         if position_ids is None:
@@ -340,9 +328,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         kv = cache.ensure_capacity(fb, B, start + T)
         if start == 0:
             logits, hidden, cache.prefill_passes = self._fb_prefill(
-                input_ids, attention_mask, position_ids, kv, cache.decode_mode, passes, cache.fused_tol,
-                cache.fused_max_passes,
-            )
+                input_ids, attention_mask, position_ids, kv, cache.settings)
             if position_ids is None:
                 position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
         else:
@@ -382,16 +368,18 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         generation_config: GenerationConfig | None = None,
         decode_mode: str | None = None,
         fused_passes: int | str | None = None,
+        fused_tol: float | None = None,
+        fused_max_passes: int | None = None,
         **kwargs,
     ) -> torch.LongTensor | ModelOutput:
         """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
-        "fused"; default ``config.decode_mode``) and ``fused_passes`` (default ``config.fused_passes``; "auto"
-        for the adaptive prefill, tuned by ``fused_tol=`` and ``fused_max_passes=`` keyword arguments).
+        "fused"), ``fused_passes`` (an integer or "auto" for the adaptive prefill), ``fused_tol`` and
+        ``fused_max_passes``; each defaults to the decode settings stored in ``config.json``.
         Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted
         decoding only in standard mode (it rolls the cache back)."""
-        mode = decode_mode if decode_mode is not None else self.config.decode_mode
-        passes = fused_passes if fused_passes is not None else self.config.fused_passes
-        _check_mode(mode, passes)
+        settings = self.config.decode_settings().with_overrides(
+            mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
+        mode = settings.mode
         if mode != "standard":
             no_cache = kwargs.get("use_cache") is False or (
                 generation_config is not None and getattr(generation_config, "use_cache", True) is False
@@ -403,17 +391,16 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
                     f"assisted decoding is not supported with decode_mode={mode!r}: it rolls the cache back, and "
                     "the fed-back top state cannot be rolled back; use decode_mode='standard'"
                 )
-        return super().generate(inputs, generation_config, decode_mode=mode, fused_passes=passes, **kwargs)
+        return super().generate(inputs, generation_config, decode_mode=mode, fused_passes=settings.fused_passes,
+                                fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
         if cache is None and generation_config.use_cache is False:
             return
         if cache is None:
-            cache = FullBandCache(
-                model_kwargs.get("decode_mode") or self.config.decode_mode,
-                model_kwargs.get("fused_passes") or self.config.fused_passes,
-            )
+            cache = FullBandCache(settings=self.config.decode_settings().with_overrides(
+                **{k: model_kwargs.get(k) for k in ("decode_mode", "fused_passes", "fused_tol", "fused_max_passes")}))
             model_kwargs[_CACHE_KEY] = cache
         elif not isinstance(cache, FullBandCache):
             raise ValueError(f"fullband models need a FullBandCache, got {type(cache).__name__}")

@@ -1,9 +1,12 @@
 """The OpenAI-compatible HTTP API (FastAPI) in front of the continuous-batching ``Engine``.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /health`` and
-the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry ``decode_mode``
-("standard" | "soft" | "fused") and ``fused_passes`` (the ``openai`` client sends them via ``extra_body``), and
-completions ``ignore_eos`` (as in vLLM).
+the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry the decode settings
+``decode_mode`` ("standard" | "soft" | "fused"), ``fused_passes`` (an integer or "auto"), ``fused_tol`` and
+``fused_max_passes`` (the ``openai`` client sends them via ``extra_body``); what a request leaves out is the
+server's settings (those stored with the model unless ``fullband serve`` overrides them), whose
+``fused_max_passes`` also bounds the fused passes one request may ask for. Completions take ``ignore_eos``
+(as in vLLM).
 Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -27,14 +30,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data import Tokenizer
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.generation import MODES
+from fullband.decoding import FIELDS, DecodeSettings, DecodeSettingsError
 from fullband.loading import encode_prompt
 from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, SamplingParams, Sequence
 
 PAGE = Path(__file__).parent / "static" / "chat.html"
 MAX_STOP_STRINGS = 4
-# Each fused pass is a full prefill that the running batch waits for: bound what one request can ask.
-MAX_FUSED_PASSES = 64
 # How often a request waiting for tokens checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
 
@@ -68,8 +69,11 @@ class _Request(BaseModel):
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    decode_mode: str | None = None
-    fused_passes: int | None = None
+    # The decode settings are checked by DecodeSettings, so a bad value reads the same as at every other door.
+    decode_mode: Any = None
+    fused_passes: Any = None
+    fused_tol: Any = None
+    fused_max_passes: Any = None
 
     @model_validator(mode="before")
     @classmethod
@@ -179,14 +183,12 @@ def create_app(
     engine: Engine,
     tokenizer: Tokenizer,
     model_name: str,
-    decode_mode: str = "soft",
-    fused_passes: int = 1,
+    decode: DecodeSettings | None = None,
 ) -> FastAPI:
-    """The API around ``engine``, which the app starts and stops with its lifespan."""
-    if decode_mode not in MODES:
-        raise ValueError(f"unknown decode mode {decode_mode!r}; choose one of {', '.join(MODES)}")
-    if fused_passes < 1:
-        raise ValueError(f"fused_passes must be >= 1, got {fused_passes}")
+    """The API around ``engine``, which the app starts and stops with its lifespan. ``decode``: the settings of
+    requests that do not give their own (default: those stored with the model); each fused pass is a full
+    prefill that the running batch waits for, so its ``fused_max_passes`` bounds what one request may ask."""
+    decode = decode if decode is not None else DecodeSettings.of(engine.model)
     config = engine.model.config
     created = int(time.time())
     chat_error = _chat_template_error(tokenizer)
@@ -229,9 +231,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "max_model_len": config.max_seq_len, "decode_mode": decode_mode,
-                "fused_passes": fused_passes, "chat": chat_error is None, "chat_error": chat_error,
-                **engine.stats()}
+        return {"status": "ok", "model": model_name, "max_model_len": config.max_seq_len, **decode.to_dict(),
+                "chat": chat_error is None, "chat_error": chat_error, **engine.stats()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -252,18 +253,17 @@ def create_app(
             raise APIError(400, f"top_p must be in (0, 1], got {req.top_p}", param="top_p")
         if max_tokens is not None and max_tokens < 1:
             raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
-        mode = req.decode_mode or decode_mode
-        if mode not in MODES:
-            raise APIError(400, f"unknown decode_mode {mode!r}; choose one of {', '.join(MODES)}",
-                           param="decode_mode")
-        passes = req.fused_passes if req.fused_passes is not None else fused_passes
-        if not 1 <= passes <= MAX_FUSED_PASSES:
-            raise APIError(400, f"fused_passes must be between 1 and {MAX_FUSED_PASSES}, got {passes}",
-                           param="fused_passes")
+        asked = {"decode_mode": req.decode_mode, "fused_passes": req.fused_passes, "fused_tol": req.fused_tol,
+                 "fused_max_passes": req.fused_max_passes}
+        try:
+            settings = decode.with_overrides(**asked)
+            settings.check_within(decode.fused_max_passes)
+        except DecodeSettingsError as exc:
+            raise APIError(400, str(exc), param=_decode_param(str(exc))) from None
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise APIError(400, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
-        params = SamplingParams(max_tokens=max_tokens or 1, mode=mode, fused_passes=passes,
+        params = SamplingParams(max_tokens=max_tokens or 1, decode=settings,
                                 temperature=req.temperature, top_p=req.top_p if req.top_p < 1 else None,
                                 seed=req.seed)
         return params, stop
@@ -468,3 +468,8 @@ def _chat_template_error(tokenizer: Tokenizer) -> str | None:
         return (f"this model's tokenizer cannot format chats ({exc}); use /v1/completions, or instruction-tune "
                 "the model first (see docs/instruction-tuning.md)")
     return None
+
+
+def _decode_param(message: str) -> str:
+    """The request field a decode settings error is about (its message names it first)."""
+    return next((name for name in ("decode_mode", *FIELDS[1:]) if name in message.split()[:3]), "decode_mode")

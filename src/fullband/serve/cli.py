@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fullband.cli_options import add_decode_options, decode_overrides
+from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
-from fullband.generation import MODES
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -17,10 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("model", help="run directory, checkpoint, model directory or Hugging Face export (export-hf)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
-    p.add_argument("--decode-mode", default="soft", choices=MODES,
-                   help="decode mode of requests that do not name one (default: soft)")
-    p.add_argument("--fused-passes", type=int, default=1,
-                   help="extra fused prefill passes of fused requests that do not say (default: 1)")
+    add_decode_options(p, "a request that does not give its own settings")
     p.add_argument("--max-batch", type=int, default=16, help="sequences decoded together (default: 16)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="sequences waiting for a slot before requests get 429 (default: 256)")
@@ -44,14 +42,16 @@ def run(args: argparse.Namespace) -> None:
     from fullband.loading import load_model
     from fullband.serve.engine import Engine
 
-    if args.fused_passes < 1 or args.max_batch < 1 or args.max_queue < 0:
-        raise FullbandError("--fused-passes and --max-batch must be >= 1, --max-queue >= 0")
+    if args.max_batch < 1 or args.max_queue < 0:
+        raise FullbandError("--max-batch must be >= 1, --max-queue >= 0")
+    DecodeSettings().with_overrides(**decode_overrides(args))  # a bad value fails before the model is loaded
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model, tokenizer = load_model(args.model, args.device, dtype)
+    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     name = args.model_name or Path(args.model).resolve().name
     engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue)
-    app = create_app(engine, tokenizer, name, decode_mode=args.decode_mode, fused_passes=args.fused_passes)
+    app = create_app(engine, tokenizer, name, decode)
     print(f"serving {name!r} ({model.num_parameters():,} parameters, context {model.config.max_seq_len}, "
-          f"{model.device}) on http://{args.host}:{args.port}/ (chat page) and http://{args.host}:{args.port}/v1",
-          flush=True)
+          f"{model.device}, decoding {decode.describe()} unless a request says otherwise) on "
+          f"http://{args.host}:{args.port}/ (chat page) and http://{args.host}:{args.port}/v1", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -4,8 +4,8 @@ Layout (no change to the model is needed): all rows of the running batch share o
 position, like ``generate``'s left padding. Joining requests are prefilled apart from the running batch
 (``model.prefill``: plain, or plain plus n fused passes; those that need the same passes together,
 left-padded), and each one's keys and values are copied into the batch cache right-aligned at the current
-write position; the columns before them are masked for that row through
-``KVCache.key_mask``, and its RoPE positions continue from its own length. Each row therefore sees
+write position (``KVCache.join``); the columns before them are masked for that row, and its RoPE positions
+continue from its own length. Each row therefore sees
 exactly its own tokens, contiguous and ending at the query, so sliding windows stay exact too.
 Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state:
 all three modes share one batch. Finished or cancelled rows leave at once; columns that have become
@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fullband.generation import MODES, left_pad, sample_next
-from fullband.model import FullBandLM, KVCache
+from fullband.decoding import DecodeSettings
+from fullband.generation import left_pad, sample_next
+from fullband.kv_cache import KVCache
+from fullband.model import FullBandLM
 
 log = logging.getLogger("fullband.serve")
 
@@ -44,8 +46,7 @@ class QueueFull(RuntimeError):
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int
-    mode: str = "soft"
-    fused_passes: int = 1
+    decode: DecodeSettings = DecodeSettings()  # checked when built; the engine adds no limits of its own
     temperature: float = 0.0  # 0 = greedy
     top_p: float | None = None
     seed: int | None = None
@@ -85,10 +86,6 @@ class Sequence:
 
 def check_request(model: FullBandLM, prompt_ids: list[int], params: SamplingParams) -> None:
     """Raise ValueError (message names the API parameter) if the request cannot be served."""
-    if params.mode not in MODES:
-        raise ValueError(f"unknown decode_mode {params.mode!r}; choose one of {', '.join(MODES)}")
-    if not isinstance(params.fused_passes, int) or params.fused_passes < 1:
-        raise ValueError(f"fused_passes must be a positive integer, got {params.fused_passes!r}")
     if params.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
     if not params.temperature >= 0:  # also rejects NaN
@@ -218,110 +215,64 @@ class Engine:
 
     def _admit(self) -> None:
         """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
-        same number of fused passes are prefilled together (left-padded, as ``generate`` does), up to
-        ``PREFILL_TOKENS`` padded positions per call."""
+        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
+        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call."""
         with self._cond:
             room = self.max_batch - len(self._rows)
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-        groups: dict[int, list[list[Sequence]]] = {}
+        groups: dict[tuple[int | str, float, int], list[list[Sequence]]] = {}
         for seq in joining:
-            chunks = groups.setdefault(seq.params.fused_passes if seq.params.mode == "fused" else 0, [[]])
+            decode = seq.params.decode
+            chunks = groups.setdefault((decode.prefill_passes, decode.fused_tol, decode.fused_max_passes), [[]])
             longest = max([len(seq.prompt_ids), *(len(s.prompt_ids) for s in chunks[-1])])
             if chunks[-1] and (len(chunks[-1]) + 1) * longest > PREFILL_TOKENS:
                 chunks.append([])
             chunks[-1].append(seq)
-        for passes, chunks in groups.items():
+        for prefill, chunks in groups.items():
             for group in chunks:
                 try:
-                    self._prefill_and_join(group, passes)
+                    self._prefill_and_join(group, *prefill)
                 except Exception as exc:  # requests that fail alone must not take the batch down
                     log.exception("prefill failed")
                     for seq in group:
                         self._finish(seq, "failed")
                         seq.sink(Event(error=f"internal error while reading the prompt: {exc}"))
 
-    def _prefill_and_join(self, group: list[Sequence], passes: int) -> None:
+    def _prefill_and_join(self, group: list[Sequence], passes: int | str, tol: float, max_passes: int) -> None:
         ids, mask = left_pad([seq.prompt_ids for seq in group])
         ids, mask = ids.to(self.device), mask.to(self.device)
-        width = ids.shape[1]
-        own = KVCache(self.model.config, len(group), width, self.device, self.dtype)
+        own = KVCache(self.model.config, len(group), ids.shape[1], self.device, self.dtype)
         out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
-                                 logits_to_keep=1)
-        for i, seq in enumerate(group):
+                                 logits_to_keep=1, fused_tol=tol, fused_max_passes=max_passes)
+        for seq in group:
             seq.generator = torch.Generator(device=self.device)
             if seq.params.seed is None:
                 seq.generator.seed()
             else:
                 seq.generator.manual_seed(seq.params.seed)
-            n = len(seq.prompt_ids)
-            keys = [t[i : i + 1, :, width - n :] for t in own.k]
-            values = [t[i : i + 1, :, width - n :] for t in own.v]
-            self._join(seq, keys, values, out.logits[i : i + 1, -1], out.hidden[i : i + 1, -1:])
+        self._join(group, own, out.logits[:, -1], out.hidden[:, -1:])
 
-    def _join(self, seq: Sequence, keys: list[torch.Tensor], values: list[torch.Tensor], logits: torch.Tensor,
-              state: torch.Tensor) -> None:
-        """Add a prefilled sequence to the batch: its n cached positions end at the write position."""
-        n = len(seq.prompt_ids)
-        standard = seq.params.mode == "standard"
-        row = dict(
+    def _join(self, group: list[Sequence], prefilled: KVCache, logits: torch.Tensor, state: torch.Tensor) -> None:
+        """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
+        standard = [seq.params.decode.mode == "standard" for seq in group]
+        rows = dict(
             logits=logits,
             state=state,
-            positions=torch.full((1, 1), n, dtype=torch.long, device=self.device),
-            plain=torch.full((1, 1), standard, dtype=torch.bool, device=self.device),
+            positions=torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device),
+            plain=torch.tensor([[s] for s in standard], device=self.device),
         )
+        width = prefilled.length
         if self._cache is None:
-            self._new_cache(capacity=2 * n)
+            self._cache = KVCache(self.model.config, 0, 2 * width, self.device, self.dtype)
         cache = self._cache
-        if cache.length < n:  # make room on the left: the whole prompt must end at the write position
-            self._pad_left(n - cache.length)
-        width = cache.length
-        k = [t.new_zeros(1, *t.shape[1:]) for t in cache.k]
-        v = [t.new_zeros(1, *t.shape[1:]) for t in cache.v]
-        for layer in range(len(k)):
-            k[layer][:, :, width - n : width] = keys[layer]
-            v[layer][:, :, width - n : width] = values[layer]
-        mask = torch.zeros(1, cache.max_len, dtype=torch.bool, device=self.device)
-        mask[:, width - n : width] = True
-        cache.k = [torch.cat([a, b]) for a, b in zip(cache.k, k)]
-        cache.v = [torch.cat([a, b]) for a, b in zip(cache.v, v)]
-        cache.key_mask = torch.cat([cache.key_mask, mask])
-        for name, value in row.items():
+        # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
+        cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)
+        for name, value in rows.items():
             current = getattr(self, f"_{name}")
             setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
-        self._rows.append(seq)
-        self._n_standard += standard
+        self._rows.extend(group)
+        self._n_standard += sum(standard)
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
-
-    def _new_cache(self, capacity: int) -> None:
-        cache = KVCache(self.model.config, 0, capacity, self.device, self.dtype)
-        cache.key_mask = torch.zeros(0, capacity, dtype=torch.bool, device=self.device)
-        cache.has_padding = True  # rows start at different columns: the key mask is always needed
-        self._cache = cache
-
-    def _resize(self, columns: torch.Tensor | None, capacity: int, offset: int = 0) -> None:
-        """Rebuild the cache with ``capacity`` columns, holding old ``columns`` (all written ones if None)
-        from column ``offset`` on; the write position follows."""
-        cache = self._cache
-        if columns is None:
-            columns = torch.arange(cache.length, device=self.device)
-        kept = len(columns)
-
-        def moved(t: torch.Tensor) -> torch.Tensor:
-            new = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
-            new[:, :, offset : offset + kept] = t.index_select(2, columns)
-            return new
-
-        cache.k = [moved(t) for t in cache.k]
-        cache.v = [moved(t) for t in cache.v]
-        mask = cache.key_mask.new_zeros(cache.key_mask.shape[0], capacity)
-        mask[:, offset : offset + kept] = cache.key_mask.index_select(1, columns)
-        cache.key_mask = mask
-        cache.max_len = capacity
-        cache.length = offset + kept
-
-    def _pad_left(self, extra: int) -> None:
-        cache = self._cache
-        self._resize(None, max(cache.max_len, 2 * (cache.length + extra)), offset=extra)
 
     def _ensure_room(self) -> None:
         """Before a decode step: one free column at the write position. When the cache is full, drop the
@@ -330,9 +281,9 @@ class Engine:
         cache = self._cache
         if cache.length < cache.max_len:
             return
-        used = cache.key_mask[:, : cache.length].any(dim=0).nonzero().squeeze(1)
-        capacity = cache.max_len if 2 * len(used) < cache.max_len else 2 * (len(used) + 1)
-        self._resize(used, capacity)
+        cache.compact()
+        if 2 * cache.length >= cache.max_len:
+            cache.grow(2 * (cache.length + 1))
         self.counters["compactions"] += 1
 
     def _sample(self) -> torch.Tensor:
@@ -384,7 +335,7 @@ class Engine:
 
     def _remove_rows(self, keep: list[int]) -> None:
         removed = [s for i, s in enumerate(self._rows) if i not in set(keep)]
-        self._n_standard -= sum(s.params.mode == "standard" for s in removed)
+        self._n_standard -= sum(s.params.decode.mode == "standard" for s in removed)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._cache = None
@@ -397,15 +348,13 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor) -> None:
         self._ensure_room()
-        cache = self._cache
-        cache.key_mask[:, cache.length] = True  # the column this step writes is every row's own token
         all_standard = self._n_standard == len(self._rows)
         out = self.model(
             tokens.unsqueeze(1),
             feedback=None if all_standard else self._state,
             plain_mask=self._plain if 0 < self._n_standard < len(self._rows) else None,
             position_ids=self._positions,
-            past_key_values=cache,
+            past_key_values=self._cache,
             use_cache=True,
         )
         self._logits, self._state = out.logits[:, -1], out.hidden

@@ -1,6 +1,6 @@
 """Training: the pass schedule, optimizers, checkpoints and the loop."""
 
-from fullband.train.schedule import PassSchedule
+from fullband.schedule import PassSchedule
 from fullband.train.trainer import TrainingDiverged, TrainResult, train
 
 __all__ = ["PassSchedule", "TrainResult", "TrainingDiverged", "train"]

@@ -1,42 +1,23 @@
-"""Training checkpoints: written to a temporary directory and renamed into place, with a manifest of
-sizes and sha256 sums written last, so a half-written checkpoint is never mistaken for a whole one.
-
-Layout of ``RUN/checkpoints/step_00000100/``::
-
-    model/config.json, model/model.safetensors, model/tokenizer/   (a loadable model directory)
-    optimizer.pt, rng.pt      (tensors and plain values only: loaded with weights_only=True)
-    trainer_state.json        (step, tokens, loader position, counters)
-    manifest.json             (written last: every file's size and sha256)
-
-With ``train.keep_best``, ``RUN/best/`` holds the model of the best validation so far the same way
-(model/, best.json, manifest.json): ``fullband bench RUN/best`` loads it.
+"""Writing training checkpoints (and reading back their optimizer and RNG state): written to a temporary
+directory and renamed into place, with a manifest of sizes and sha256 sums written last, so a half-written
+checkpoint is never mistaken for a whole one. The layout, and finding and verifying checkpoints and model
+directories, are in ``fullband.storage``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
 from fullband.model import ordinary_file_mode
-
-MANIFEST = "manifest.json"
-PREFIX = "step_"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from fullband.storage import BEST, MANIFEST, PREFIX, list_checkpoints, sha256_of
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -51,6 +32,7 @@ def write_checkpoint(
     step: int,
     model_state: dict[str, torch.Tensor],
     model_config: Any,
+    decode: DecodeSettings,
     tokenizer_dir: Path | None,
     optimizer_state: Any,
     trainer_state: dict[str, Any],
@@ -60,7 +42,7 @@ def write_checkpoint(
     root = run_dir / "checkpoints"
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
-    _write_model_dir(tmp, model_state, model_config, tokenizer_dir)
+    _write_model_dir(tmp, model_state, model_config, decode, tokenizer_dir)
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
@@ -73,9 +55,9 @@ def write_checkpoint(
     return final
 
 
-def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor], model_config: Any,
+def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor], model_config: Any, decode: DecodeSettings,
                      tokenizer_dir: Path | None) -> None:
-    """A fresh ``tmp/model/``: weights, config and tokenizer, a loadable model directory."""
+    """A fresh ``tmp/model/``: weights, config, decode settings and tokenizer, a loadable model directory."""
     from safetensors.torch import save_file
 
     if tmp.exists():
@@ -85,6 +67,7 @@ def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor], model_conf
               metadata={"format": "pt", "library": "fullband"})
     os.chmod(tmp / "model" / "model.safetensors", ordinary_file_mode())  # safetensors writes mode 0600
     model_config.save(tmp / "model" / "config.json")
+    decode.save(tmp / "model")
     if tokenizer_dir is not None:
         shutil.copytree(tokenizer_dir, tmp / "model" / "tokenizer")
 
@@ -92,7 +75,7 @@ def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor], model_conf
 def _seal(tmp: Path, step: int) -> None:
     """The manifest, written last, then everything flushed to disk: only now may ``tmp`` be renamed."""
     files = {
-        str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
         for p in sorted(tmp.rglob("*"))
         if p.is_file()
     }
@@ -100,15 +83,12 @@ def _seal(tmp: Path, step: int) -> None:
     _fsync_tree(tmp)
 
 
-BEST = "best"
-
-
-def write_best(run_dir: Path, model_state: dict[str, torch.Tensor], model_config: Any, tokenizer_dir: Path | None,
-               record: dict[str, Any]) -> Path:
+def write_best(run_dir: Path, model_state: dict[str, torch.Tensor], model_config: Any, decode: DecodeSettings,
+               tokenizer_dir: Path | None, record: dict[str, Any]) -> Path:
     """Replace ``RUN/best/`` (the model of the best validation so far: model/, best.json with its step and
     loss, manifest.json) atomically; a crash leaves the previous best or none, never a mixture."""
     final, tmp, old = run_dir / BEST, run_dir / f".tmp-{BEST}", run_dir / f".old-{BEST}"
-    _write_model_dir(tmp, model_state, model_config, tokenizer_dir)
+    _write_model_dir(tmp, model_state, model_config, decode, tokenizer_dir)
     (tmp / "best.json").write_text(json.dumps(record, indent=2))
     _seal(tmp, record["step"])
     if old.exists():
@@ -118,59 +98,6 @@ def write_best(run_dir: Path, model_state: dict[str, torch.Tensor], model_config
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def read_best(run_dir: Path) -> dict[str, Any] | None:
-    """best.json of ``RUN/best/`` if it is complete (verified), else None."""
-    path = run_dir / BEST
-    if not path.is_dir():
-        return None
-    try:
-        verify_checkpoint(path)
-        return json.loads((path / "best.json").read_text())
-    except (CheckpointError, OSError, json.JSONDecodeError):
-        return None
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete-looking checkpoint directories (renamed into place), oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
-
-
-def verify_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless every file in the manifest is present with its size and sha256."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
-    try:
-        files = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({exc})") from None
-    for name, meta in files.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path}: {name} is missing")
-        if file.stat().st_size != meta["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says {meta['bytes']} "
-                "(truncated or overwritten)"
-            )
-        if _sha256(file) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupt)")
-
-
-def latest_valid_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that verifies; corrupt ones are reported on stderr and skipped."""
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            verify_checkpoint(path)
-            return path
-        except CheckpointError as exc:
-            print(f"warning: skipping {exc}", file=sys.stderr)
-    return None
 
 
 def _load_tensors(file: Path) -> Any:
@@ -198,33 +125,3 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         "rng": _load_tensors(path / "rng.pt"),
         "trainer_state": trainer_state,
     }
-
-
-def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """Accept a model directory, a training checkpoint, or a run directory (its newest valid
-    checkpoint) and return the model directory (config.json + model.safetensors) inside."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist")
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return path
-    if (path / "model" / "config.json").is_file():
-        verify_checkpoint(path)
-        return path / "model"
-    if (path / "checkpoints").is_dir():
-        latest = latest_valid_checkpoint(path)
-        if latest is None:
-            raise CheckpointError(f"run directory {path} has no complete checkpoint")
-        return latest / "model"
-    raise CheckpointError(
-        f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
-        "(model/ + manifest.json) nor a run directory (checkpoints/)"
-    )
-
-
-def find_tokenizer_dir(model_dir: Path) -> Path | None:
-    """The tokenizer saved with a model: MODEL/tokenizer, else the run's tokenizer/ two levels up."""
-    for candidate in (model_dir / "tokenizer", model_dir.parent.parent.parent / "tokenizer"):
-        if candidate.is_dir():
-            return candidate
-    return None

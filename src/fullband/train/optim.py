@@ -13,19 +13,7 @@ from fullband.config import TrainConfig
 def build_optimizers(model: nn.Module, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
     """AdamW for everything, or Muon for the 2-D matrices inside the blocks and the fusion (the
     paper uses NorMuon there) with AdamW for embeddings and norms. Weight decay applies to matrices
-    only. Each param group records its peak lr in ``initial_lr`` for the schedule. With
-    ``cfg.fusion_lr_multiplier`` != 1 the fusion's parameters get groups of their own at that multiple of the lr."""
-    fusion = {id(p) for name, p in model.named_parameters() if name.startswith("fusion.")}
-
-    def split(params: list[nn.Parameter], lr: float, **options: float) -> list[dict]:
-        if cfg.fusion_lr_multiplier == 1.0:  # one group as before, so older checkpoints' optimizer states load
-            return [{"params": params, "lr": lr, **options}]
-        trunk = [p for p in params if id(p) not in fusion]
-        fused = [p for p in params if id(p) in fusion]
-        groups = [{"params": trunk, "lr": lr, **options},
-                  {"params": fused, "lr": lr * cfg.fusion_lr_multiplier, **options}]
-        return [g for g in groups if g["params"]]
-
+    only. Each param group records its peak lr in ``initial_lr`` for the schedule."""
     matrices, others = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -34,14 +22,13 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> list[torch.optim.Opt
         (matrices if is_hidden_matrix else others).append(param)
     adam_kwargs = {"lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.adam_eps}
     if cfg.optimizer == "muon":
-        muon = torch.optim.Muon(split(matrices, cfg.muon_lr), lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
-                                adjust_lr_fn="match_rms_adamw")
-        adam = torch.optim.AdamW(split(others, cfg.lr), weight_decay=0.0, **adam_kwargs)
+        muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+        adam = torch.optim.AdamW(others, weight_decay=0.0, **adam_kwargs)
         optimizers = [muon, adam]
     else:
         decay = matrices + [p for p in others if p.ndim == 2]  # embeddings decay too
         no_decay = [p for p in others if p.ndim != 2]
-        groups = split(decay, cfg.lr, weight_decay=cfg.weight_decay) + split(no_decay, cfg.lr, weight_decay=0.0)
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         optimizers = [torch.optim.AdamW([g for g in groups if g["params"]], **adam_kwargs)]
     for opt in optimizers:
         for group in opt.param_groups:

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +25,18 @@ import torch.distributed as dist
 from torch import nn
 
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
-from fullband.data import PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
+from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
+from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
-from fullband.model import FullBandConfig, FullBandLM, MultipassOutput
-from fullband.train.checkpoint import PREFIX as CHECKPOINT_PREFIX
-from fullband.train.checkpoint import (
-    latest_valid_checkpoint,
-    list_checkpoints,
-    read_best,
-    read_checkpoint,
-    resolve_model_dir,
-    verify_checkpoint,
-    write_best,
-    write_checkpoint,
-)
-from fullband.train.feedback import fusion_warming_up, later_pass_weight_at, pass_loss_at
+from fullband.model import FullBandConfig, FullBandLM
+from fullband.schedule import PassSchedule
+from fullband.storage import PREFIX as CHECKPOINT_PREFIX
+from fullband.storage import latest_valid_checkpoint, list_checkpoints, read_best, resolve_model_dir, verify_checkpoint
+from fullband.train.checkpoint import read_checkpoint, write_best, write_checkpoint
 from fullband.train.init import grow_vocabulary, keeps_fusion
+from fullband.train.objective import MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
-from fullband.train.schedule import PassSchedule
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
 
 # Fields a mid-training run may set differently from the checkpoint it starts from.
@@ -66,15 +59,15 @@ class TrainResult:
     best: dict | None = None  # train.keep_best: {"step", "loss_name", "loss", "data_dir"} of OUT_DIR/best
 
 
-class MultipassObjective(nn.Module):
-    """Routes the multi-pass loss through ``forward`` so DDP sees it (DDP hooks ``__call__``)."""
+@dataclass
+class TrainState:
+    """The counters of a run, saved in each checkpoint's trainer_state.json (with the loader's position)."""
 
-    def __init__(self, model: FullBandLM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, **kwargs: Any) -> MultipassOutput:
-        return self.model.multipass(**kwargs)
+    step: int = 0
+    tokens: int = 0
+    compute_tokens: int = 0  # token-equivalent compute: sum over steps of tokens × passes
+    skipped_steps: int = 0
+    consecutive_bad_steps: int = 0
 
 
 def _finite_or_none(value):
@@ -334,11 +327,18 @@ class Trainer:
         finally:
             # Destroy the process group for real while Python is alive: a group that survives into interpreter
             # shutdown can abort the process there (SIGABRT; see fullband.train.teardown).
+            self._release()
             if self._owns_process_group and dist.is_initialized():
                 destroy_process_groups()
 
+    def _release(self) -> None:
+        """Drop what _setup built: FSDP's sharded weights (and the optimizer states over them) hold the process
+        group through their device mesh, and a group still referred to is not destroyed."""
+        for name in ("objective", "model", "optimizers", "loader", "dataset"):
+            if hasattr(self, name):
+                delattr(self, name)
+
     def _run(self) -> TrainResult:
-        t, cfg = self.train_cfg, self.cfg
         self._check_out_dir()
         dataset = self._prepare_data()
         model = self._build_model(dataset)
@@ -347,152 +347,101 @@ class Trainer:
             finished = self._finished_run()
             if finished is not None:
                 return finished
+        self._write_run_files(dataset)
+        self._setup(dataset, model)
+        return self._train()
+
+    def _write_run_files(self, dataset: PreparedDataset) -> None:
+        """OUT_DIR/config.yaml and OUT_DIR/tokenizer, there before the first checkpoint (and for --resume)."""
         if self.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            cfg.save(self.out_dir / "config.yaml")
+            self.cfg.save(self.out_dir / "config.yaml")
             if not (self.out_dir / "tokenizer").exists():
                 shutil.copytree(dataset.path / "tokenizer", self.out_dir / "tokenizer")
-        objective = self._wrap(model)
-        optimizers = build_optimizers(model, t)
-        schedule = PassSchedule.parse(t.schedule)
-        tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
-        total_steps = max(1, math.ceil(t.tokens / tokens_per_step))
+
+    def _setup(self, dataset: PreparedDataset, model: FullBandLM) -> None:
+        """What the loop needs: the wrapped objective, optimizers, schedule and loader, and the counters, loader
+        position and best model of the checkpoint a resumed run starts from."""
+        t = self.train_cfg
+        self.dataset, self.model = dataset, model
+        self.objective = self._wrap(model)
+        self.optimizers = build_optimizers(model, t)
+        self.schedule = PassSchedule.parse(t.schedule)
+        self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
+        self.total_steps = max(1, math.ceil(t.tokens / self.tokens_per_step))
         split = dataset.split("train")
-        if schedule.exact and not split.isolate:
+        if self.schedule.exact and not split.isolate:
             raise ConfigError(
                 f"train.schedule exact needs isolated documents, but the dataset in {dataset.path} packs a text "
                 f"stream (record format {dataset.manifest.get('record_format')!r}). Use data.format prompt_answer or "
                 "chat (or data.isolate_documents true), or another train.schedule."
             )
         self._check_cut_documents(split, t.seq_len)
-        curriculum_steps = round(t.length_curriculum * total_steps)
-        loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
-
-        step = tokens = compute_tokens = skipped = consecutive_bad = 0
-        if self.resume:
-            checkpoint = latest_valid_checkpoint(self.out_dir)
-            if checkpoint is not None:
-                state = self._load_state(model, optimizers, checkpoint)
-                step, tokens, compute_tokens = state["step"], state["tokens"], state["compute_tokens"]
-                skipped, consecutive_bad = state["skipped_steps"], state["consecutive_bad_steps"]
-                loader.load_state_dict(state["loader"])
-                self._truncate_logs(step)
-                self._log(f"resumed from {checkpoint} at step {step}")
-            else:
-                self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
-        if step == 0:
-            self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
-        # The best model so far; one chosen after the checkpoint we resume from is chosen again, identically.
-        best = read_best(self.out_dir) if t.keep_best else None
-        if best is not None and best["step"] > step:
-            best = None
-        if t.keep_best and best is None and self.is_main:
-            shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-
-        metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
-        writer = self._tensorboard()
-        progress = self._progress(total_steps, step)
-        autocast = self._autocast()
-        model.train()
-        started, start_step = time.perf_counter(), step
+        curriculum_steps = round(t.length_curriculum * self.total_steps)
+        self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
         # Detached passes are backpropagated one at a time (memory of one pass, not K). DDP and FSDP
         # synchronise gradients once per backward, so distributed runs keep one backward per micro-batch.
-        per_pass_backward = 1.0 / t.grad_accum if t.detach_passes and self.world_size == 1 else None
+        self.per_pass_backward = 1.0 / t.grad_accum if t.detach_passes and self.world_size == 1 else None
+        self.autocast = self._autocast()
+        self.state = TrainState()
+        if self.resume:
+            self._resume()
+        if self.state.step == 0:
+            self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
+        # The best model so far; one chosen after the checkpoint we resume from is chosen again, identically.
+        self.best = read_best(self.out_dir) if t.keep_best else None
+        if self.best is not None and self.best["step"] > self.state.step:
+            self.best = None
+        if t.keep_best and self.best is None and self.is_main:
+            shutil.rmtree(self.out_dir / "best", ignore_errors=True)
+
+    def _resume(self) -> None:
+        checkpoint = latest_valid_checkpoint(self.out_dir)
+        if checkpoint is None:
+            self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
+            return
+        saved = self._load_state(self.model, self.optimizers, checkpoint)
+        self.state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
+        self.loader.load_state_dict(saved["loader"])
+        self._truncate_logs(self.state.step)
+        self._log(f"resumed from {checkpoint} at step {self.state.step}")
+
+    def _train(self) -> TrainResult:
+        """The loop: optimizer steps until the token budget (or train.stop_after_steps) is reached, with metrics,
+        evaluations and checkpoints between them, then the final evaluation."""
+        t, state = self.train_cfg, self.state
+        metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
+        writer = self._tensorboard()
+        progress = self._progress(self.total_steps, state.step)
+        self.model.train()
+        started, start_step = time.perf_counter(), state.step
         final_eval = None
         try:
-            while step < total_steps:
-                # Every micro-batch's windows are drawn first: an exact step's K must fit all of them. Each rank
-                # sees the global batch's windows, so all ranks agree on K without communicating.
-                windows = [loader.next_windows(step, micro) for micro in range(t.grad_accum)]
-                if schedule.exact:
-                    # A whole window of seq_len + 1 tokens has only seq_len input positions.
-                    passes = min(t.seq_len, int(loader.longest_documents[np.concatenate(windows)].max()))
-                else:
-                    passes = schedule.passes_for_step(step, total_steps, t.seed)
-                lr = set_lr(optimizers, lr_multiplier(step, total_steps, t))
-                later_pass_weight = later_pass_weight_at(step, total_steps, schedule, t)
-                detach = t.detach_passes or fusion_warming_up(step, total_steps, schedule, t)
-                z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, total_steps, t)) else 0.0
-                # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
-                loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
-                for micro, micro_windows in enumerate(windows):
-                    batch = loader.batch(micro_windows).to(self.device)
-                    # A 1-pass step draws no prefix length and no jitter, so it needs no generators.
-                    generators = [
-                        torch.Generator(device=self.device).manual_seed(_row_seed(t.seed, step, micro, row))
-                        for row in range(self.rank, t.batch_size, self.world_size)
-                    ] if passes > 1 else None
-                    sync = micro + 1 == t.grad_accum or not hasattr(objective, "no_sync")
-                    with contextlib.nullcontext() if sync else objective.no_sync():
-                        with autocast:
-                            out = objective(
-                                input_ids=batch.input_ids, passes=passes, labels=batch.targets,
-                                plain_mask=batch.plain_mask, segment_ids=batch.segment_ids,
-                                prefix_mixin=t.prefix_mixin, detach=detach,
-                                later_pass_weight=later_pass_weight, pass_loss=pass_loss_at(step, total_steps, t),
-                                z_loss=z_loss, generator=generators,
-                                backward_scale=per_pass_backward, keep_logits=False,
-                                grad_passes=t.grad_passes or None,
-                            )
-                        loss, pass_losses = out.loss, out.pass_losses
-                        del out  # hold no pass's outputs through the backward
-                        if per_pass_backward is None:
-                            (loss / t.grad_accum).backward()
-                    loss_sums += torch.stack([v.detach().double() for v in (loss, *pass_losses)]) / t.grad_accum
-                grad_norm = self._clip(model)
-                values = self._all_mean(torch.cat([loss_sums.cpu(), torch.tensor([grad_norm], dtype=torch.float64)]))
-                loss_value, grad_norm = values[0], values[-1]
-                good = math.isfinite(loss_value) and math.isfinite(grad_norm)
-                if good:
-                    for opt in optimizers:
-                        opt.step()
-                    consecutive_bad = 0
-                else:
-                    skipped += 1
-                    consecutive_bad += 1
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                step += 1
-                tokens += tokens_per_step
-                compute_tokens += tokens_per_step * passes
-                record = {
-                    "step": step, "tokens": tokens, "compute_tokens": compute_tokens, "loss": loss_value,
-                    "passes": passes, "pass_losses": values[1:-1], "lr": lr, "grad_norm": grad_norm,
-                    "skipped": not good, "elapsed_s": round(time.perf_counter() - started, 3),
-                    "tokens_per_s": round((step - start_step) * tokens_per_step / (time.perf_counter() - started), 1),
-                }
+            while state.step < self.total_steps:
+                record = self.train_step()
+                record["elapsed_s"] = round(time.perf_counter() - started, 3)
+                record["tokens_per_s"] = round(
+                    (state.step - start_step) * self.tokens_per_step / (time.perf_counter() - started), 1)
                 self._write_metrics(metrics, writer, record)
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(loss=f"{loss_value:.4f}", K=passes, tok_s=f"{record['tokens_per_s']:.0f}")
-                elif self.is_main and (step % t.log_every == 0 or step == total_steps):
-                    self._log(
-                        f"step {step}/{total_steps} | loss {loss_value:.4f} | K {passes} | lr {lr:.2e} | "
-                        f"{record['tokens_per_s']:.0f} tok/s"
-                    )
-                if consecutive_bad >= t.max_bad_steps:
+                self._report_progress(progress, record)
+                if state.consecutive_bad_steps >= t.max_bad_steps:
                     raise TrainingDiverged(
-                        f"{consecutive_bad} consecutive steps had a non-finite loss or gradient (last at step "
-                        f"{step}); stopping. The last good checkpoint in {self.out_dir / 'checkpoints'} is intact: "
-                        "lower train.lr, raise train.warmup_steps or enable train.z_loss, then --resume."
+                        f"{state.consecutive_bad_steps} consecutive steps had a non-finite loss or gradient (last at "
+                        f"step {state.step}); stopping. The last good checkpoint in {self.out_dir / 'checkpoints'} is "
+                        "intact: lower train.lr, raise train.warmup_steps or enable train.z_loss, then --resume."
                     )
-                if t.eval_every and step % t.eval_every == 0 and step < total_steps:
-                    result = self._evaluate(model, dataset, step, tokens, autocast, writer)
-                    best = self._keep_if_best(model, result, step, best, dataset)
-                stop_now = t.stop_after_steps and step - start_step >= t.stop_after_steps
-                if (t.ckpt_every and step % t.ckpt_every == 0) or step == total_steps or stop_now:
-                    state = {"step": step, "tokens": tokens, "compute_tokens": compute_tokens,
-                             "skipped_steps": skipped, "consecutive_bad_steps": consecutive_bad,
-                             "loader": loader.state_dict(), "data_dir": str(dataset.path.resolve())}
-                    self._save(model, optimizers, state, dataset)
+                if t.eval_every and state.step % t.eval_every == 0 and state.step < self.total_steps:
+                    self._evaluate_and_keep_best(writer)
+                stop_now = t.stop_after_steps and state.step - start_step >= t.stop_after_steps
+                if (t.ckpt_every and state.step % t.ckpt_every == 0) or state.step == self.total_steps or stop_now:
+                    self._checkpoint()
                 if stop_now:
                     break
-            if step == total_steps:
-                final_eval = self._evaluate(model, dataset, step, tokens, autocast, writer)
-                best = self._keep_if_best(model, final_eval, step, best, dataset)
-                if best is not None:
-                    self._log(f"best validation {best['loss_name']} loss {best['loss']:.5g} at step {best['step']}: "
-                              f"{self.out_dir / 'best'}")
+            if state.step == self.total_steps:
+                final_eval = self._evaluate_and_keep_best(writer)
+                if self.best is not None:
+                    self._log(f"best validation {self.best['loss_name']} loss {self.best['loss']:.5g} at step "
+                              f"{self.best['step']}: {self.out_dir / 'best'}")
         finally:
             if progress is not None:
                 progress.close()
@@ -500,7 +449,102 @@ class Trainer:
                 metrics.close()
             if writer is not None:
                 writer.close()
-        return TrainResult(self.out_dir, step, tokens, compute_tokens, skipped, step == total_steps, final_eval, best)
+        return TrainResult(self.out_dir, state.step, state.tokens, state.compute_tokens, state.skipped_steps,
+                           state.step == self.total_steps, final_eval, self.best)
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step: draw the step's windows, pick K, set the learning rate, run every micro-batch's
+        forward and backward, clip, then step (or skip a step whose loss or gradient is not finite) and advance
+        the counters. Returns the step's metrics.jsonl record, timing aside."""
+        t, state = self.train_cfg, self.state
+        step = state.step
+        # Every micro-batch's windows are drawn first: an exact step's K must fit all of them. Each rank sees the
+        # global batch's windows, so all ranks agree on K without communicating.
+        windows = [self.loader.next_windows(step, micro) for micro in range(t.grad_accum)]
+        passes = self._passes_for_step(step, windows)
+        lr = set_lr(self.optimizers, lr_multiplier(step, self.total_steps, t))
+        z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, self.total_steps, t)) else 0.0
+        # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
+        loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
+        for micro, micro_windows in enumerate(windows):
+            batch = self.loader.batch(micro_windows).to(self.device)
+            generators = self._row_generators(step, micro, passes)
+            losses = self.forward_backward_step(batch, passes, z_loss, generators, sync=micro + 1 == t.grad_accum)
+            loss_sums += losses / t.grad_accum
+        grad_norm = self._clip(self.model)
+        values = self._all_mean(torch.cat([loss_sums.cpu(), torch.tensor([grad_norm], dtype=torch.float64)]))
+        loss, grad_norm = values[0], values[-1]
+        good = math.isfinite(loss) and math.isfinite(grad_norm)
+        if good:
+            for opt in self.optimizers:
+                opt.step()
+            state.consecutive_bad_steps = 0
+        else:
+            state.skipped_steps += 1
+            state.consecutive_bad_steps += 1
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        state.step += 1
+        state.tokens += self.tokens_per_step
+        state.compute_tokens += self.tokens_per_step * passes
+        return {"step": state.step, "tokens": state.tokens, "compute_tokens": state.compute_tokens, "loss": loss,
+                "passes": passes, "pass_losses": values[1:-1], "lr": lr, "grad_norm": grad_norm, "skipped": not good}
+
+    def forward_backward_step(
+        self, batch: Batch, passes: int, z_loss: float, generators: list[torch.Generator] | None, sync: bool
+    ) -> torch.Tensor:
+        """One micro-batch through the objective: forward and backward, the loss scaled by 1 / grad_accum (pass by
+        pass when detached passes are backpropagated one at a time). DDP synchronises gradients only when
+        ``sync`` (the step's last micro-batch). Returns [loss, pass 1 loss, ..., pass K loss], detached, float64."""
+        t = self.train_cfg
+        no_sync = not sync and hasattr(self.objective, "no_sync")
+        with self.objective.no_sync() if no_sync else contextlib.nullcontext():
+            with self.autocast:
+                out = self.objective(
+                    input_ids=batch.input_ids, labels=batch.targets, passes=passes, plain_mask=batch.plain_mask,
+                    segment_ids=batch.segment_ids, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
+                    later_pass_weight=t.later_pass_weight, pass_loss=t.pass_loss, z_loss=z_loss,
+                    generator=generators, backward_scale=self.per_pass_backward, grad_passes=t.grad_passes or None,
+                )
+            loss, pass_losses = out.loss, out.pass_losses
+            del out  # hold no pass's outputs through the backward
+            if self.per_pass_backward is None:
+                (loss / t.grad_accum).backward()
+        return torch.stack([v.detach().double() for v in (loss, *pass_losses)])
+
+    def _passes_for_step(self, step: int, windows: list[np.ndarray]) -> int:
+        if self.schedule.exact:
+            # A whole window of seq_len + 1 tokens has only seq_len input positions.
+            longest = int(self.loader.longest_documents[np.concatenate(windows)].max())
+            return min(self.train_cfg.seq_len, longest)
+        return self.schedule.passes_for_step(step, self.total_steps, self.train_cfg.seed)
+
+    def _row_generators(self, step: int, micro: int, passes: int) -> list[torch.Generator] | None:
+        """One generator per row of this rank's micro-batch, seeded by the row's global index (see _row_seed)."""
+        if passes == 1:
+            return None  # a 1-pass step draws no prefix length and no jitter
+        seed = self.train_cfg.seed
+        return [torch.Generator(device=self.device).manual_seed(_row_seed(seed, step, micro, row))
+                for row in range(self.rank, self.train_cfg.batch_size, self.world_size)]
+
+    def _report_progress(self, progress, record: dict[str, Any]) -> None:
+        step, loss, passes = record["step"], record["loss"], record["passes"]
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss:.4f}", K=passes, tok_s=f"{record['tokens_per_s']:.0f}")
+        elif self.is_main and (step % self.train_cfg.log_every == 0 or step == self.total_steps):
+            self._log(f"step {step}/{self.total_steps} | loss {loss:.4f} | K {passes} | lr {record['lr']:.2e} | "
+                      f"{record['tokens_per_s']:.0f} tok/s")
+
+    def _evaluate_and_keep_best(self, writer) -> EvalResult:
+        result = self._evaluate(self.model, self.dataset, self.state.step, self.state.tokens, self.autocast, writer)
+        self.best = self._keep_if_best(self.model, result, self.state.step, self.best, self.dataset)
+        return result
+
+    def _checkpoint(self) -> None:
+        state = {**asdict(self.state), "loader": self.loader.state_dict(),
+                 "data_dir": str(self.dataset.path.resolve())}
+        self._save(self.model, self.optimizers, state, self.dataset)
 
     def _finished_run(self) -> TrainResult | None:
         """The summary of a run that already trained its whole token budget and evaluated at its end, else None.
@@ -571,7 +615,7 @@ class Trainer:
                 for name, value in result.loss.items():
                     writer.add_scalar(f"val/{name}", value, step)
             # 5 significant digits, not 4 decimals: an exact recurrence's loss of 1e-7 and one of 1e-4 differ in
-            # how far the state extrapolates (docs/results.md, state tracking), and both read 0.0001 as decimals.
+            # how far a state-tracking recurrence extrapolates, and both read 0.0001 as decimals.
             losses = ", ".join(f"{k} {v:.5g}" for k, v in result.loss.items())
             self._log(f"eval @ step {step}: {losses}")
         return result
@@ -585,14 +629,22 @@ class Trainer:
         record = {"step": step, "loss_name": name, "loss": loss, "data_dir": str(dataset.path.resolve())}
         model_state = self._model_state(model)
         if self.is_main:
-            write_best(self.out_dir, model_state, self.cfg.model, dataset.path / "tokenizer", record)
+            write_best(self.out_dir, model_state, self.cfg.model, self._decode_settings(), dataset.path / "tokenizer",
+                       record)
         self._barrier()
         return record
+
+    def _decode_settings(self) -> DecodeSettings:
+        """How the saved model decodes by default, implied by the schedule it was trained with (a user changes
+        it when exporting, serving or calling)."""
+        schedule = PassSchedule.parse(self.train_cfg.schedule)
+        return DecodeSettings.trained_with(schedule.exact, 0 if schedule.exact else schedule.max_passes,
+                                           self.cfg.model.max_seq_len)
 
     def _save(self, model, optimizers, state, dataset) -> None:
         model_state, optimizer_state = self._state_dicts(model, optimizers)
         if self.is_main:
-            path = write_checkpoint(self.out_dir, state["step"], model_state, self.cfg.model,
+            path = write_checkpoint(self.out_dir, state["step"], model_state, self.cfg.model, self._decode_settings(),
                                     dataset.path / "tokenizer", optimizer_state, state, self.train_cfg.keep_checkpoints)
             self._log(f"checkpoint {path}")
         self._barrier()

@@ -1,0 +1,137 @@
+"""The registry of named sweeps: every experiment that trains, by name, as `python -m experiments.run NAME`.
+
+A sweep is a set of jobs (a task or an LM arm, times seeds), each one `fullband train` run (the preset plus
+`--section.field value` overrides) and, for state tracking, one `fullband bench` of the kept model on the
+test rows. Its results merge into the experiment's JSON (state tracking) or JSONL (language modelling), whose
+name is the sweep's, so a sweep that is already in the file is skipped and a committed file is the record of
+what ran. Values are strings, exactly as on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ST_TASKS = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
+
+
+@dataclass(frozen=True)
+class StateTrackingSweep:
+    """`fullband train --config PRESET` on records of 1..`moves` moves of each task, then `fullband bench` of
+    the kept model (OUT/best) at `lengths` × `moves` moves in `modes` (fused:auto runs the exact recurrence:
+    up to 1024 passes, no tolerance)."""
+
+    name: str
+    doc: str
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    overrides: dict[str, str] = field(default_factory=dict)
+    preset: str = "state-tracking"
+    moves: int = 16
+    # 1-2 records per window of 33 tokens: 260,000 records feed the preset's 4000 steps x 32 windows without
+    # repeating one; a longer run needs proportionally more (8000 steps: 520,000).
+    records: int = 260_000
+    lengths: tuple[int, ...] = (1, 2, 4, 8)
+    modes: str = "standard,fused:auto"
+    test_rows: int = 200
+    # test rows at n moves are drawn with seed test_seed + n: 10,000 for every sweep reported so far, so all
+    # of them are paired row by row
+    test_seed: int = 10_000
+    experiment: str = "state_tracking"
+    into: str = ""  # the results file of another sweep this one adds runs to (more seeds or tasks of it)
+
+    @property
+    def results(self) -> Path:
+        return ROOT / "experiments" / self.experiment / "results" / f"{self.into or self.name}.json"
+
+    def jobs(self) -> list[tuple[str, int]]:
+        return [(task, seed) for task in self.tasks for seed in self.seeds]
+
+
+@dataclass(frozen=True)
+class LMSweep:
+    """`fullband train --config PRESET` on the preset's corpus, one run per arm and seed; the record is the final
+    validation loss per decode mode (and the whole validation curve when `train.eval_every` is set). An arm
+    NAME@X trains X × the preset's tokens."""
+
+    name: str
+    doc: str
+    arms: tuple[str, ...]
+    seeds: tuple[int, ...]
+    overrides: dict[str, str] = field(default_factory=dict)  # every arm, after the arm's own
+    preset: str = "cpu"
+    experiment: str = "lm_recipes"
+    into: str = ""  # the results file of another sweep this one adds runs to
+
+    @property
+    def results(self) -> Path:
+        return ROOT / "experiments" / self.experiment / "results" / f"{self.into or self.name}.jsonl"
+
+    def jobs(self) -> list[tuple[str, int]]:
+        return [(arm, seed) for seed in self.seeds for arm in self.arms]
+
+
+def phases(*parts: tuple[float, dict[int, float]]) -> str:
+    """A `train.schedule` list: until each fraction of the steps, K drawn with these probabilities."""
+    return json.dumps([{"until": until, "passes": passes} for until, passes in parts])
+
+
+PAPER_LATE = {2: 0.88, 3: 0.12}
+# LM arms: name -> overrides; the baseline is the same model, one pass. The arms of options removed after
+# 38f4146 (the λ ramp, the fusion LR multiplier, the fusion warm-up) are in lm_recipes.jsonl as history only.
+ARMS: dict[str, dict[str, str]] = {
+    "baseline": {"train.schedule": "standard"},
+    "fbt": {"train.schedule": "paper"},  # 75% one pass, then K=2 (0.88) / K=3 (0.12): 75/22/3
+    "fbt_7525": {"train.schedule": phases((0.75, {1: 1.0}), (1.0, {2: 1.0}))},  # 75/25 without 3-pass batches
+    "fbt_from25": {"train.schedule": phases((0.25, {1: 1.0}), (1.0, PAPER_LATE))},  # feedback from 25%
+    "fbt_from50": {"train.schedule": phases((0.5, {1: 1.0}), (1.0, PAPER_LATE))},  # feedback from 50%
+    "fbt_from0": {"train.schedule": "feedback-from-start"},  # the paper's late mix from step 0
+    "fbt_concat": {"train.schedule": "paper", "model.fusion": "concat"},
+    "fbt_add": {"train.schedule": "paper", "model.fusion": "add"},
+}
+
+BASELINE = {"model.sliding_window": "none", "train.schedule": "standard", "train.keep_best": "standard"}
+LONG = {"data.max_train_bytes": "24000000", "train.tokens": "20000000", "train.eval_every": "610",
+        "train.ckpt_every": "610", "eval.batches": "16"}
+
+SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
+    StateTrackingSweep("len16", "the state-tracking preset as shipped (4000 steps), every task",
+                       ST_TASKS, (0, 1, 2)),
+    StateTrackingSweep("len16_s5_seeds", "S5 in three more seeds at the preset", ("s5",), (3, 4, 5),
+                       into="len16"),
+    StateTrackingSweep("len16_8000", "twice the steps (8000) on S5", ("s5",), (0, 1, 2),
+                       {"train.tokens": "8192000"}, records=520_000),
+    StateTrackingSweep("len16_8000_tasks", "twice the steps (8000) on the other tasks, one seed",
+                       ST_TASKS[:5], (0,), {"train.tokens": "8192000"}, records=520_000, into="len16_8000"),
+    StateTrackingSweep("len16_decay05", "S5's slowest seed: the LR decay over the last half", ("s5",), (2,),
+                       {"train.decay_fraction": "0.5"}),
+    StateTrackingSweep("len16_d128", "S5: a wider model (d_model 128, d_ff 256)", ("s5",), (0, 1, 2),
+                       {"model.d_model": "128", "model.d_ff": "256"}),
+    StateTrackingSweep("len16_12000", "S5's slowest seed: three times the steps", ("s5",), (2,),
+                       {"train.tokens": "12288000"}, records=780_000),
+    # The standard transformer through the same trainer, batches and test rows: one pass, keeping the model of
+    # its best one-pass validation, graded in its one pass. Until these run, the baselines reported are those
+    # of the benchmark loop removed after 38f4146 (equal compute: 2 runs).
+    StateTrackingSweep("baseline_len16", "standard transformer, full attention, equal tokens", ST_TASKS, (0, 1, 2),
+                       BASELINE, modes="standard"),
+    StateTrackingSweep("baseline_len16_window", "standard transformer with the FBT's 4-token window, equal tokens",
+                       ST_TASKS, (0, 1, 2), {**BASELINE, "model.sliding_window": "4"}, modes="standard"),
+    # 25× the tokens: the FBT's token-equivalent compute at this preset (23-27× over the tasks)
+    StateTrackingSweep("baseline_len16_compute", "standard transformer, full attention, the FBT's compute",
+                       ST_TASKS, (0, 1, 2), {**BASELINE, "train.tokens": str(25 * 4_096_000)},
+                       records=25 * 260_000, modes="standard"),
+    # The preset's settings were chosen looking at the test rows of seed 10,000 + n that every sweep above
+    # reports: new training seeds and new test rows grade the final preset on rows no choice was made on.
+    StateTrackingSweep("preset_fresh", "the final preset regraded on fresh test rows (new seeds)", ST_TASKS,
+                       (10, 11, 12), test_seed=50_000),
+    LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
+            "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
+                              "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),
+            (0, 1, 2)),
+    LMSweep("lm_long", "the cpu preset at 20M tokens with validation curves", ("baseline", "fbt_from0", "fbt"),
+            (0, 1, 2), LONG),
+    LMSweep("lm_long_compute", "20M tokens: the baselines at the FBT arms' compute, one seed",
+            ("baseline@1.28", "baseline@2.12"), (0,), LONG, into="lm_long"),
+)}

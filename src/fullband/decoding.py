@@ -1,0 +1,187 @@
+"""How a model decodes: one value, ``DecodeSettings``, parsed and checked here and nowhere else.
+
+A model's default settings depend on how it was trained, so they are stored with its weights
+(``generation_config.json`` beside ``config.json``, as Hugging Face stores generation defaults) and every
+front door — ``generate``, ``fullband generate``/``chat``/``bench``/``serve``, the lm-eval adapter and the
+Hugging Face export — starts from them, then applies what the caller overrides:
+
+- a model that never trained its fusion (a fresh or converted model, a ``standard`` schedule): ``standard``;
+  its soft and fused modes would feed back states through an untrained gate;
+- the paper's schedules (a few Jacobi passes): ``soft``, the paper's decoding;
+- the ``exact`` schedule (the recurrence over the whole prompt): ``fused`` with ``fused_passes="auto"``
+  capped at the model's context, since its prompts settle only at the exact recurrence's fixed point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+# A Hugging Face export ships this file as fullband_decoding.py beside fullband_model.py (a copy of
+# fullband/model.py), so that its generate() reads and checks the same settings; there the package may be
+# absent, and transformers' remote-code loader skips imports inside try blocks.
+try:
+    from fullband.errors import ConfigError as _ErrorBase
+    from fullband.model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+except ImportError:  # pragma: no cover - only in an export
+    from .fullband_model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+
+    _ErrorBase = ValueError
+
+MODES = ("standard", "soft", "fused")
+AUTO = "auto"
+FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
+
+
+class DecodeSettingsError(_ErrorBase):
+    """A decode mode, number of fused passes, tolerance or cap that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt,
+    an integer >= 1 or "auto" (per row, until the prompt's top states change by at most ``fused_tol``
+    (relative) in a pass, or ``fused_max_passes`` passes ran). ``fused_max_passes`` is also the most passes a
+    server lets one request ask for."""
+
+    mode: str = "standard"
+    fused_passes: int | Literal["auto"] = 1
+    fused_tol: float = DEFAULT_FUSED_TOL
+    fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES
+
+    def __post_init__(self) -> None:
+        # Values arrive as text from command lines, URLs (lm-eval's model_args) and YAML: read them here, once.
+        object.__setattr__(self, "fused_passes", _passes(self.fused_passes))
+        object.__setattr__(self, "fused_tol", _tol(self.fused_tol))
+        object.__setattr__(self, "fused_max_passes", _cap(self.fused_max_passes))
+        if self.mode not in MODES:
+            raise DecodeSettingsError(f"unknown decode_mode {self.mode!r}; choose one of {', '.join(MODES)}")
+
+    # ---- building ---------------------------------------------------------------------------------
+
+    def with_overrides(self, **overrides: Any) -> DecodeSettings:
+        """These settings with the given fields replaced; a None value keeps the field. The names are those
+        of the dataclass; ``decode_mode`` is accepted for ``mode`` (the API and lm-eval spelling)."""
+        if "decode_mode" in overrides:
+            value = overrides.pop("decode_mode")
+            overrides.setdefault("mode", value)
+        unknown = sorted(set(overrides) - set(FIELDS))
+        if unknown:
+            raise DecodeSettingsError(f"unknown decode setting(s) {', '.join(unknown)}; the settings are "
+                                      f"{', '.join(FIELDS)}")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **given) if given else self
+
+    def with_label(self, label: str) -> DecodeSettings:
+        """These settings in the mode a label names: standard, soft, fused (these settings' passes),
+        fused:N or fused:auto (these settings' tolerance and cap)."""
+        name, colon, passes = label.strip().partition(":")
+        if name not in MODES or (colon and (name != "fused" or not passes)):
+            raise DecodeSettingsError(f"unknown decode mode {label!r}; modes are standard, soft, fused, fused:N "
+                                      "(N >= 1) and fused:auto")
+        return self.with_overrides(mode=name, fused_passes=passes or None)
+
+    @classmethod
+    def trained_with(cls, exact: bool, max_passes: int, max_seq_len: int) -> DecodeSettings:
+        """The defaults of a model trained with a schedule: ``exact`` (the exact recurrence), or at most
+        ``max_passes`` Jacobi passes per step (1: the fusion was never trained)."""
+        if exact:
+            return cls("fused", AUTO, DEFAULT_FUSED_TOL, max_seq_len)
+        return cls("soft") if max_passes > 1 else cls("standard")
+
+    # ---- reading --------------------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        """standard, soft, fused:N or fused:auto."""
+        return f"fused:{self.fused_passes}" if self.mode == "fused" else self.mode
+
+    @property
+    def prefill_passes(self) -> int | Literal["auto"]:
+        """Fused passes of the prompt phase: ``fused_passes`` in fused mode, else none."""
+        return self.fused_passes if self.mode == "fused" else 0
+
+    def describe(self) -> str:
+        if self.mode == "fused" and self.fused_passes == AUTO:
+            return f"fused:auto (tol {self.fused_tol:g}, at most {self.fused_max_passes} passes)"
+        return self.label
+
+    def check_within(self, limit: int) -> None:
+        """Refuse settings that could run more fused passes than ``limit`` (a server's bound per request)."""
+        if self.mode != "fused":
+            return
+        if self.fused_passes == AUTO and self.fused_max_passes > limit:
+            raise DecodeSettingsError(f"fused_max_passes must be at most {limit} here, got {self.fused_max_passes}")
+        if self.fused_passes != AUTO and self.fused_passes > limit:
+            raise DecodeSettingsError(f"fused_passes must be at most {limit} here (or 'auto'), "
+                                      f"got {self.fused_passes}")
+
+    # ---- storage ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form; ``decode_mode`` as in Hugging Face configs and the API."""
+        data = asdict(self)
+        return {"decode_mode": data.pop("mode"), **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "decode settings") -> DecodeSettings:
+        if not isinstance(data, dict):
+            raise DecodeSettingsError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        values = {k: data[k] for k in ("decode_mode", *FIELDS[1:]) if k in data}
+        try:
+            return cls().with_overrides(**values)
+        except DecodeSettingsError as exc:
+            raise DecodeSettingsError(f"{where}: {exc}") from None
+
+    @classmethod
+    def of(cls, model: FullBandLM) -> DecodeSettings:
+        """The defaults stored with a model (``model.decode_defaults``; none: standard)."""
+        return cls.from_dict(model.decode_defaults, "the model's stored decode settings")
+
+    def store_in(self, model: FullBandLM) -> None:
+        """Make these the model's defaults; ``save_pretrained`` writes them beside the weights."""
+        model.decode_defaults = self.to_dict()
+
+    def save(self, directory: str | Path) -> None:
+        """Write them into a model directory, as ``save_pretrained`` writes a model's."""
+        (Path(directory) / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _passes(value: Any) -> int | Literal["auto"]:
+    if value == AUTO:
+        return AUTO
+    number = _integer(value)
+    if number is None or number < 1:
+        raise DecodeSettingsError(f"fused_passes must be an integer >= 1 or 'auto', got {value!r}")
+    return number
+
+
+def _cap(value: Any) -> int:
+    number = _integer(value)
+    if number is None or number < 1:
+        raise DecodeSettingsError(f"fused_max_passes must be an integer >= 1, got {value!r}")
+    return number
+
+
+def _tol(value: Any) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise DecodeSettingsError(f"fused_tol must be a number >= 0, got {value!r}")
+    return number
+
+
+def _integer(value: Any) -> int | None:
+    """An int from an int or its decimal text; None for anything else (bools, floats, other text)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return None

@@ -1,0 +1,101 @@
+"""The training loss of docs/method.md §4 over the passes of ``FullBandLM.iterate_passes``: Eq. 12 (or the
+last pass alone), z-loss, ignored targets, and the per-pass backward of detached passes.
+
+The model computes the recurrence only; everything here is a function of each pass's logits, taken as the
+pass comes out, so a detached pass can be backpropagated (and its graph freed) before the next one runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fullband.data.shards import IGNORE_INDEX
+from fullband.model import FullBandLM
+from fullband.schedule import PASS_LOSSES
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor  # the sum of the passes' weighted terms (+ z-loss); detached after a per-pass backward
+    pass_losses: list[torch.Tensor]  # the next-token loss of each pass, whatever its weight in ``loss``
+
+
+def pass_weight(k: int, passes: int, pass_loss: str = "paper", later_pass_weight: float = 1.0) -> float:
+    """The weight of pass k's (0-based) next-token loss in the loss of a K-pass step."""
+    if pass_loss not in PASS_LOSSES:
+        raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
+    paper = 1.0 if k == 0 else later_pass_weight / (passes - 1)
+    last = 1.0 if k == passes - 1 else 0.0
+    return {"paper": paper, "last": last, "paper+last": paper + last}[pass_loss]
+
+
+def multipass_loss(
+    model: FullBandLM,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    passes: int,
+    *,
+    later_pass_weight: float = 1.0,
+    pass_loss: str = "paper",
+    z_loss: float = 0.0,
+    ignore_index: int = IGNORE_INDEX,
+    backward_scale: float | None = None,
+    detach: bool = False,
+    **recurrence: Any,
+) -> ObjectiveOutput:
+    """The loss of ``passes`` passes of ``model`` over ``input_ids`` against ``labels`` (B, T).
+
+    ``recurrence``: the other arguments of ``FullBandLM.iterate_passes`` (plain_mask, prefix_mixin, jitter,
+    generator, segment_ids, grad_passes, ...). Each pass's next-token loss is the mean cross-entropy over the
+    labels that are not ``ignore_index``, in float32 at least; a batch with no such label contributes 0, not NaN.
+    ``pass_loss`` and ``later_pass_weight`` (λ) weight the passes (``pass_weight``); a pass of weight 0 is
+    reported, not backpropagated. ``z_loss`` adds z_loss·mean(logsumexp²) over the valid labels, averaged
+    over the passes. ``backward_scale`` (needs ``detach``): backpropagate ``backward_scale`` × each pass's
+    term right after that pass, freeing its graph, so memory holds one pass instead of K; the returned
+    loss is then detached. Passes run under no_grad (``grad_passes``) still count in ``loss``.
+    """
+    if pass_loss not in PASS_LOSSES:
+        raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
+    if backward_scale is not None and not detach:
+        raise ValueError("backward_scale needs detach=True (without detach, passes share one graph)")
+    # Mean over valid labels, written as sum / count so that a batch whose targets are all masked (e.g. a
+    # window inside a long user turn) contributes 0 instead of NaN.
+    valid = (labels != ignore_index).flatten()
+    count = valid.sum().clamp_min(1)
+    terms, pass_losses = [], []
+    for k, step in enumerate(model.iterate_passes(input_ids, passes, detach=detach, **recurrence)):
+        logits = step.logits.flatten(0, 1)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in float32
+        pass_ce = F.cross_entropy(logits, labels.flatten(), ignore_index=ignore_index, reduction="sum") / count
+        weight = pass_weight(k, passes, pass_loss, later_pass_weight)
+        # A pass without weight adds no graph: its loss is reported, not backpropagated.
+        term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
+        if z_loss > 0:
+            lse = logits.logsumexp(-1)
+            term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count
+        if backward_scale is not None and term.requires_grad:
+            # With detached states, pass k's graph is not needed after its own loss term: backpropagate and
+            # free it now, before the next pass is built.
+            (backward_scale * term).backward()
+            term, pass_ce = term.detach(), pass_ce.detach()
+        del step, logits  # hold no pass's outputs while the next pass runs
+        terms.append(term)
+        pass_losses.append(pass_ce)
+    return ObjectiveOutput(loss=torch.stack(terms).sum(), pass_losses=pass_losses)
+
+
+class MultipassObjective(nn.Module):
+    """``multipass_loss`` as a module's ``forward``, so that DDP sees the loss (DDP hooks ``__call__``) and
+    FSDP's hooks run around each pass of the wrapped model."""
+
+    def __init__(self, model: FullBandLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, passes: int, **kwargs: Any) -> ObjectiveOutput:
+        return multipass_loss(self.model, input_ids, labels, passes, **kwargs)

@@ -1,0 +1,147 @@
+"""experiments/run.py, the one runner of the lab, at a tiny size: a state-tracking sweep trains through
+`fullband train`, grades through `fullband bench` and merges its record; a rerun skips it; a runner killed in the
+middle of training resumes the run from its checkpoint. Also the registry and the data it trains on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import run as runner
+from experiments.state_tracking.tasks import export_records
+from experiments.sweeps import ARMS, SWEEPS, LMSweep, StateTrackingSweep
+from fullband.config import load_config
+from fullband.data.synthetic import state_tracking_task, synthetic_examples
+from fullband.loading import PRESET_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+# 20 steps of 4 windows on a tiny model, a checkpoint and a validation every 5: long enough to be killed mid-run
+TINY = {"train.tokens": "2560", "train.batch_size": "4", "train.eval_every": "5", "train.ckpt_every": "5",
+        "eval.batches": "1", "model.d_model": "16", "model.d_ff": "32", "model.n_heads": "2"}
+SWEEP_ARGS = {"name": "tiny", "doc": "a test", "tasks": ["parity"], "seeds": [0], "overrides": TINY, "moves": 4,
+              "records": 400, "lengths": [1, 2], "test_rows": 10}
+SWEEP = StateTrackingSweep(**SWEEP_ARGS)
+
+
+def test_export_keeps_every_test_prompt_out_of_the_training_and_validation_records(tmp_path):
+    # Flip-flop on 1..4 moves repeats prompts often, as it does at 16 moves (98 of its 200 test rows at 1× were
+    # validation prompts): the test rows of 4 moves must not come back through train.jsonl, from which the
+    # trainer draws its validation rows too.
+    out = tmp_path / "data"
+    manifest = export_records("flipflop", 0, 4, 2000, [4, 8], 50, 10_000, out)
+    tests = {json.loads(line)["prompt"] for n in (4, 8) for line in (out / f"test{n}.jsonl").open()}
+    train = [json.loads(line)["prompt"] for line in (out / "train.jsonl").open()]
+    assert manifest["dropped_test_prompts"] > 0  # there were repeats to drop
+    assert not tests & set(train) and len(train) == manifest["records"] == 2000 - manifest["dropped_test_prompts"]
+    # the records the committed runs trained on (the queue exported synthetic_examples of the same seed), less the
+    # repeats of a test prompt
+    drawn = [ex.prompt for ex in synthetic_examples(state_tracking_task("flipflop", 1, 4), 2000, 0)]
+    assert train == [p for p in drawn if p not in tests]
+    before = (out / "train.jsonl").stat().st_mtime_ns
+    assert export_records("flipflop", 0, 4, 2000, [4, 8], 50, 10_000, out) == manifest
+    assert (out / "train.jsonl").stat().st_mtime_ns == before  # prepared once
+
+
+def test_runner_trains_grades_merges_skips_and_resumes_a_killed_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(SWEEPS, "tiny", SWEEP)
+    results, runs = tmp_path / "tiny.json", tmp_path / "runs"
+    # A runner in its own process group, killed (with its `fullband train`) once the run has a checkpoint.
+    code = ("import json, sys; from pathlib import Path; from experiments import run, sweeps; "
+            "s = sweeps.StateTrackingSweep(**json.loads(sys.argv[3])); "
+            "run.Runner(s, Path(sys.argv[1]), Path(sys.argv[2])).run(s.jobs(), 1)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(runs), str(results), json.dumps(SWEEP_ARGS)], cwd=ROOT,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = runs / "tiny" / "parity_s0"
+    deadline = time.monotonic() + 120
+    while not list((run / "checkpoints").glob("step_*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the runner finished before it could be killed"
+    assert not results.exists() and not (run / "bench").exists()
+
+    assert runner.Runner(SWEEP, runs, results).run(SWEEP.jobs(), 2) == [("parity", 0)]
+    log = (runs / "tiny" / "parity_s0.log").read_text()
+    assert "--resume" in log and "resumed from" in log  # continued from the checkpoint, not started again
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 21))  # every step once: the lines after the checkpoint were dropped and redone
+    (record,) = json.loads(results.read_text())
+    assert (record["task"], record["seed"], record["steps"]) == ("parity", 0, 20)
+    assert set(record["lengths"]) == {"4", "8"} and 5 <= record["kept_step"] <= 20
+    assert record["data"]["records"] + record["data"]["dropped_test_prompts"] == 400
+    for cells in record["lengths"].values():  # the per-row grades are fullband bench's, the same rows per mode
+        std, fused = cells["standard"], cells["fused:auto"]
+        assert std["problems"] == fused["problems"] and len(std["correct"]) == 10
+        assert std["accuracy"] == std["correct"].count("1") / 10
+    stamp = results.stat().st_mtime_ns
+    assert runner.Runner(SWEEP, runs, results).run(SWEEP.jobs(), 2) == []  # done: skipped, nothing rewritten
+    assert results.stat().st_mtime_ns == stamp
+
+    # the drift analysis reads the sweep's kept model: curves over every move of the 2× test rows
+    from experiments.state_tracking import state_drift
+
+    out, png = tmp_path / "drift.jsonl", tmp_path / "drift.png"
+    state_drift.main(["--quick", "--sweep", "tiny", "--runs-dir", str(runs), "--tasks", "parity", "--seeds", "0",
+                      "--out", str(out), "--plot", str(png)])
+    (drift,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert drift["moves"] == 8 and drift["model"] == str(run / "best") and png.stat().st_size > 0
+    assert all(len(drift[key]) == 8 for key in ("answer", "probe", "novelty", "novelty_ok"))
+    assert drift["answer"][-1] == drift["answer_accuracy"]  # after all moves: the whole prompt's answer
+
+
+def test_lm_sweep_trains_each_arm_at_its_budget_and_records_the_curve(tmp_path, single_thread):
+    tiny = {"train.tokens": "1536", "train.seq_len": "32", "train.batch_size": "4", "eval.batches": "1",
+            "eval.batch_size": "2", "data.max_train_bytes": "60000", "model.d_model": "32", "model.n_layers": "2",
+            "model.d_ff": "64", "model.max_seq_len": "64", "train.eval_every": "4"}
+    sweep = LMSweep("tiny_lm", "a test", ("baseline", "fbt_from0@2"), (0,), tiny)
+    results = tmp_path / "lm.jsonl"
+    runner.Runner(sweep, tmp_path / "runs", results).run(sweep.jobs(), 1)
+    records = {r["arm"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert records["baseline"]["tokens"] == 1536 and records["fbt_from0@2"]["tokens"] == 3072  # NAME@X: X × tokens
+    assert records["baseline"]["compute_tokens"] == 1536  # one pass
+    assert records["fbt_from0@2"]["compute_tokens"] > 3072  # feedback passes cost compute
+    final = records["fbt_from0@2"]["curve"][-1]
+    assert final["loss"] == records["fbt_from0@2"]["loss"] and final["tokens"] == 3072
+    assert [c["step"] for c in records["baseline"]["curve"]] == [4, 8, 12]
+
+
+def test_every_sweep_is_a_valid_config_with_unique_jobs():
+    for name, sweep in SWEEPS.items():
+        assert len(set(sweep.jobs())) == len(sweep.jobs()), name
+        arms = [runner.parse_arm(a)[0] for a in sweep.arms] if isinstance(sweep, LMSweep) else [None]
+        for arm in arms:
+            overrides = {**(ARMS[arm] if arm else {}), **sweep.overrides}
+            load_config(PRESET_DIR / f"{sweep.preset}.yaml", overrides)  # raises on an unknown or bad field
+    # sweeps that add to another's file share it; every file named is a sweep's own
+    owners = {s.results for s in SWEEPS.values() if not s.into}
+    assert all(s.results in owners for s in SWEEPS.values())
+    # the regrade of the final preset draws test rows no reported sweep was graded on
+    fresh = SWEEPS["preset_fresh"]
+    graded = {s.test_seed for s in SWEEPS.values() if isinstance(s, StateTrackingSweep) and s is not fresh}
+    assert fresh.test_seed not in graded and not set(fresh.seeds) & {seed for s in SWEEPS.values() for seed in s.seeds
+                                                                     if s is not fresh}
+
+
+def test_unknown_jobs_and_sweeps_are_refused_with_what_exists(capsys):
+    with pytest.raises(SystemExit, match="not a job of len16"):
+        runner.main(["len16", "--only", "s5:9", "--dry-run"])
+    with pytest.raises(SystemExit):
+        runner.main(["no_such_sweep"])
+    assert "unknown sweep 'no_such_sweep'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="unknown LM arm"):
+        runner.parse_arm("fbt_ramp")  # an arm of an option removed after 38f4146
+
+
+def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
+    assert runner.main(["preset_fresh", "--only", "s5:10", "--runs-dir", str(tmp_path), "--dry-run"]) == [("s5", 10)]
+    train, bench = capsys.readouterr().out.splitlines()
+    assert " -m fullband train --config state-tracking " in train and "--train.seed 10" in train
+    assert " -m fullband bench " in bench and "test128.jsonl" in bench and "--fused-tol 0" in bench
+    assert not any(tmp_path.iterdir())
