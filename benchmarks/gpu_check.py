@@ -245,7 +245,7 @@ def _dist_steps(parallel: str, device: torch.device, rank: int, world: int, tiny
     must agree (DDP averages identical gradients; FSDP2 shards them)."""
     import torch.distributed as dist
 
-    from fullband.train.trainer import MultipassObjective
+    from fullband.train.objective import MultipassObjective
 
     torch.manual_seed(0)
     cfg = FullBandConfig(max_seq_len=64, **(TINY_MODEL if tiny else dict(vocab_size=4096, d_model=256, n_layers=4,

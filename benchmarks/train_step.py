@@ -96,9 +96,8 @@ def build(size: dict, device, dtype, seed: int = 0):
 
 def forward_backward(model, ids, targets, variant: str, generator) -> None:
     """One forward and backward of ``variant``; gradients accumulate into ``.grad``. Only the loss (and
-    its graph) outlives the forward, as in an ordinary training loop: the logits are not kept alive
-    through the backward by a Python reference (the trainer keeps its ``MultipassOutput``, i.e. every
-    pass's logits, until after its one backward; see docs/benchmarks.md)."""
+    its graph) outlives the forward, as in the trainer's step (``multipass_loss`` keeps no pass's logits):
+    no Python reference keeps the logits alive through the backward."""
     passes, backward = VARIANTS[variant]
     if passes == 0:
         loss = F.cross_entropy(model(ids).logits.flatten(0, 1).float(), targets.flatten())

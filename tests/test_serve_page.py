@@ -48,9 +48,9 @@ def server():
     srv.close()
 
 
-def api_text(server: ThreadServer, prompt: str, mode: str, max_tokens: int) -> str:
+def api_text(server: ThreadServer, prompt: str, mode: str, max_tokens: int, passes: int | str = 1) -> str:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "decode_mode": mode,
-            "fused_passes": 1}
+            "fused_passes": passes}
     return httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
 
 
@@ -72,6 +72,14 @@ def test_page_streams_three_modes_side_by_side(browser, server, single_thread):
         assert page.locator(f".answer[data-mode={mode}]").text_content() == api_text(server, prompt, mode, 40)
         stats = column.locator(".stats").inner_text()
         assert "tok/s" in stats and "finish:" in stats, stats
+
+    # The fused column with the adaptive prefill: the page sends "auto" as the API takes it.
+    page.fill("#fused-passes", "auto")
+    page.click("#send")
+    page.wait_for_selector("body[data-state=done]", timeout=60_000)
+    auto = api_text(server, prompt, "fused", 40, "auto")
+    assert auto != api_text(server, prompt, "fused", 40, 1)  # so a page that dropped "auto" would be caught
+    assert page.locator(".answer[data-mode=fused]").text_content() == auto
 
     # Chat: each column keeps its own conversation.
     page.check("#kind-chat")

@@ -12,8 +12,11 @@ import sys
 from collections.abc import Iterable
 
 from fullband.cli_options import add_decode_options, decode_overrides
+from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
+from fullband.generation import generate_stream
+from fullband.loading import load_model
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,9 +50,6 @@ def _user_turns(args: argparse.Namespace) -> Iterable[str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.data.chat import apply_chat_template, end_of_turn_ids
-    from fullband.generation import generate_stream
-    from fullband.loading import load_model
 
     model, tokenizer = load_model(args.model, args.device)
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))

@@ -11,12 +11,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullband import chat_cli, jacobi, lm_eval_cli, probe, sft
+from fullband.bench import cli as bench_cli
 from fullband.cli_options import add_config_options, add_decode_options, add_validation_data_options, decode_overrides
 from fullband.config import RunConfig, load_config
+from fullband.data import prepare_dataset
 from fullband.decoding import DecodeSettings
+from fullband.demo import run_demo
 from fullband.errors import FullbandError
+from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
-from fullband.loading import encode_prompt, load_model, preset_path
+from fullband.hf import convert_from_hf, export_hf
+from fullband.loading import encode_prompt, load_model, load_model_and_data, preset_path
+from fullband.serve import cli as serve_cli
+from fullband.train import train
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -29,7 +37,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-    from fullband.data import prepare_dataset
 
     config = config_from_args(args)
     dataset = prepare_dataset(config.data, args.out, overwrite=args.overwrite)
@@ -39,8 +46,6 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from fullband.eval import format_eval_table
-    from fullband.train import train
 
     saved = Path(args.out_dir) / "config.yaml"
     if args.resume and args.config is None and saved.is_file():
@@ -56,8 +61,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from fullband.eval import evaluate, format_eval_table
-    from fullband.loading import load_model_and_data
 
     model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
@@ -102,19 +105,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-    from fullband.demo import run_demo
 
     run_demo(Path(args.out_dir), quick=args.quick)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
-    from fullband.hf import convert_from_hf
 
     print(f"wrote {convert_from_hf(args.from_hf, args.out)}")
 
 
 def cmd_export_hf(args: argparse.Namespace) -> None:
-    from fullband.hf import export_hf
 
     print(f"wrote {export_hf(args.checkpoint, args.out, **decode_overrides(args))}")
 
@@ -178,21 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
     add_decode_options(p, "the export's generate()")
     p.set_defaults(func=cmd_export_hf)
-    from fullband import jacobi, lm_eval_cli
 
     lm_eval_cli.add_parser(sub)
     jacobi.add_parser(sub)
 
-    from fullband.bench import cli as bench_cli
 
     bench_cli.add_parser(sub)
-    from fullband import probe
 
     probe.add_parser(sub)
-    from fullband.serve import cli as serve_cli
 
     serve_cli.add_parser(sub)
-    from fullband import chat_cli, sft
 
     sft.add_parser(sub)
     chat_cli.add_parser(sub)

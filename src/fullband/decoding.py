@@ -64,15 +64,19 @@ class DecodeSettings:
 
     def with_overrides(self, **overrides: Any) -> DecodeSettings:
         """These settings with the given fields replaced; a None value keeps the field. The names are those
-        of the dataclass; ``decode_mode`` is accepted for ``mode`` (the API and lm-eval spelling)."""
+        of the dataclass; ``decode_mode`` is accepted for ``mode`` (the API and lm-eval spelling). Fused passes
+        given without a mode ask for fused mode: they mean nothing in the others."""
         if "decode_mode" in overrides:
             value = overrides.pop("decode_mode")
-            overrides.setdefault("mode", value)
+            if overrides.get("mode") is None:
+                overrides["mode"] = value
         unknown = sorted(set(overrides) - set(FIELDS))
         if unknown:
             raise DecodeSettingsError(f"unknown decode setting(s) {', '.join(unknown)}; the settings are "
                                       f"{', '.join(FIELDS)}")
         given = {k: v for k, v in overrides.items() if v is not None}
+        if "fused_passes" in given and "mode" not in given:
+            given["mode"] = "fused"
         return replace(self, **given) if given else self
 
     def with_label(self, label: str) -> DecodeSettings:

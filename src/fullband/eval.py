@@ -5,17 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from fullband.data.shards import IGNORE_INDEX
+from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
-
-if TYPE_CHECKING:
-    from fullband.data.shards import Batch
 
 
 @dataclass

@@ -16,19 +16,16 @@ import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from fullband.cli_options import add_validation_data_options
-from fullband.data.shards import IGNORE_INDEX
+from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
 from fullband.generation import sequential_forward
+from fullband.loading import load_model_and_data
 from fullband.model import FullBandLM, shift_right
-
-if TYPE_CHECKING:
-    from fullband.data.shards import Batch
 
 
 @dataclass
@@ -180,7 +177,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.loading import load_model_and_data
 
     try:
         import matplotlib  # noqa: F401

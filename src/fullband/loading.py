@@ -10,16 +10,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullband.data import PreparedDataset, Tokenizer, load_tokenizer, open_dataset
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
+from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import BEST, find_tokenizer_dir, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
 
-    from fullband.data import PreparedDataset, Tokenizer
-    from fullband.model import FullBandLM
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -44,8 +44,6 @@ def load_model(
     """(model in eval mode, its tokenizer) from a run directory (its newest valid checkpoint), a
     checkpoint, a model directory, or a Hugging Face export written by ``fullband export-hf`` (loaded
     back into fullband's own model, so every decode mode behaves exactly as for the original)."""
-    from fullband.data import load_tokenizer
-    from fullband.model import FullBandLM
 
     exported = _exported_config(Path(path))
     if exported is not None:
@@ -122,8 +120,6 @@ def _load_hf_export(path: Path, hf_config: dict, device: str, dtype: torch.dtype
     # The export's weights are the model's own tensors under the "model." prefix (sharded or not).
     from safetensors.torch import load_file
 
-    from fullband.data import load_tokenizer
-    from fullband.model import FullBandConfig, FullBandLM
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -178,8 +174,6 @@ def load_model_and_data(
 ) -> tuple[FullBandLM, PreparedDataset, Path, Path]:
     """A checkpoint and the prepared dataset to evaluate it on (by default the one it was trained on),
     refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
-    from fullband.data import load_tokenizer, open_dataset
-    from fullband.model import FullBandLM
 
     model_dir = resolve_model_dir(checkpoint)
     data_dir = Path(data_dir) if data_dir else default_data_dir(model_dir)

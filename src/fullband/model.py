@@ -630,28 +630,12 @@ class FullBandLM(nn.Module):
                     noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
                     feedback = feedback + (2 * noise - 1) * jitter
 
-    def multipass(
-        self,
-        input_ids: torch.Tensor,
-        passes: int,
-        plain_mask: torch.Tensor | None = None,
-        bos_token_id: int | None = None,
-        jitter: float | None = None,
-        prefix_mixin: float = 0.0,
-        detach: bool = False,
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        segment_ids: torch.Tensor | None = None,
-        grad_passes: int | None = None,
-    ) -> MultipassOutput:
-        """Every pass's logits and top states of ``iterate_passes`` (same arguments), held together."""
+    def multipass(self, input_ids: torch.Tensor, passes: int, **recurrence: Any) -> MultipassOutput:
+        """Every pass's logits and top states of ``iterate_passes`` (the same keyword arguments: plain_mask,
+        bos_token_id, jitter, prefix_mixin, detach, generator, attention_mask, position_ids, segment_ids,
+        grad_passes), held together."""
         out = MultipassOutput(logits=[], hidden=[])
-        for step in self.iterate_passes(
-            input_ids, passes, plain_mask=plain_mask, bos_token_id=bos_token_id, jitter=jitter,
-            prefix_mixin=prefix_mixin, detach=detach, generator=generator, attention_mask=attention_mask,
-            position_ids=position_ids, segment_ids=segment_ids, grad_passes=grad_passes,
-        ):
+        for step in self.iterate_passes(input_ids, passes, **recurrence):
             out.logits.append(step.logits)
             out.hidden.append(step.hidden)
         return out

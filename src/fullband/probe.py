@@ -23,7 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fullband.bench.cli import run_data_settings
+from fullband.data.config import DataConfig
+from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
+from fullband.generation import left_pad
+from fullband.loading import load_model, run_dir_of
 
 
 @dataclass
@@ -133,7 +138,6 @@ def layer_states(model: Any, ids: torch.Tensor, mask: torch.Tensor, fused_passes
 def collect(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], modes: Sequence[tuple[str, int]],
             batch_size: int = 32) -> ProbeData:
     """Features at every target position of every example, per mode and layer."""
-    from fullband.generation import left_pad
 
     rows, positions, labels, groups = [], [], [], []
     bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
@@ -246,10 +250,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.bench.cli import run_data_settings
-    from fullband.data.config import DataConfig
-    from fullband.data.sources import synthetic_val_set
-    from fullband.loading import load_model, run_dir_of
 
     if not args.task.startswith("synthetic:"):
         raise ConfigError(f"probe needs a synthetic task (synthetic:<name>[:opts]), got {args.task!r}")

@@ -22,8 +22,13 @@ from typing import Any
 
 import yaml
 
+from fullband.cli_options import add_config_options
+from fullband.config import build_config
 from fullband.errors import ConfigError
+from fullband.eval import format_eval_table
+from fullband.loading import preset_path
 from fullband.storage import find_tokenizer_dir, resolve_model_dir
+from fullband.train import train
 
 SFT_DEFAULTS: dict[str, dict[str, Any]] = {
     "data": {"format": "chat"},
@@ -32,7 +37,6 @@ SFT_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    from fullband.cli_options import add_config_options
 
     p = subparsers.add_parser(
         "sft", help="instruction-tune a model on chat records (train --init-from with 3 passes, chat format)")
@@ -78,10 +82,6 @@ def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.config import build_config
-    from fullband.eval import format_eval_table
-    from fullband.loading import preset_path
-    from fullband.train import train
 
     model_dir = resolve_model_dir(args.model)
     overrides = {k: v for k, v in vars(args).items() if "." in k}

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
+from fullband.bench.sandbox import Limits
+from fullband.bench.tasks import make_task
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
 from fullband.loading import load_model, run_config_section, run_dir_of
@@ -71,9 +74,6 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
-    from fullband.bench.sandbox import Limits
-    from fullband.bench.tasks import make_task
 
     if args.modes is not None:
         parse_modes(args.modes)  # a bad mode fails before the model is loaded

@@ -20,9 +20,12 @@ from typing import Any
 import torch
 
 from fullband.bench.metrics import summarize
+from fullband.bench.plots import plot_results
 from fullband.bench.tasks import BenchTask, Problem
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
+from fullband.generation import generate_stream
+from fullband.loading import encode_prompt
 
 SAMPLES = "samples.jsonl"
 RESULTS_JSON = "results.json"
@@ -121,7 +124,6 @@ def generate_batch(
     Returns each row's generated token ids (EOS excluded, stop string included), the fused prefill
     passes each row ran (0 outside fused mode) and, in fused:auto mode, whether its prefill converged
     (met fused_tol before fused_max_passes; None in the other modes)."""
-    from fullband.generation import generate_stream
 
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
@@ -164,7 +166,6 @@ def run_task(
     """Generate and score every missing sample of one task; returns all its sample rows."""
     from tqdm import tqdm
 
-    from fullband.loading import encode_prompt
 
     problems = task.problems(settings.limit)
     if not problems:
@@ -342,7 +343,6 @@ def run_bench(
     (out_dir / RESULTS_JSON).write_text(json.dumps({"settings": asdict(settings), "results": results}, indent=2))
     (out_dir / RESULTS_MD).write_text(format_markdown(results, settings))
     if plots:
-        from fullband.bench.plots import plot_results
 
         plot_results(results, out_dir)
     return results

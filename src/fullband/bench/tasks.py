@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fullband.bench.sandbox import Limits, run_programs
+from fullband.data.config import DataConfig
+from fullband.data.sources import synthetic_val_set
+from fullband.data.synthetic import final_answer
 from fullband.errors import ConfigError, FullbandError
 
 EVAL_EXTRA = "pip install 'fullband[eval]'"
@@ -64,15 +67,12 @@ class BenchTask:
 
 
 def _final(text: str) -> str:
-    from fullband.data.synthetic import final_answer
 
     return final_answer(text)
 
 
 class SyntheticBenchTask(BenchTask):
     def __init__(self, spec: str, seed: int, val_examples: int) -> None:
-        from fullband.data.config import DataConfig
-        from fullband.data.sources import synthetic_val_set
 
         self.name = f"synthetic:{spec}"
         self.task, examples = synthetic_val_set(DataConfig(source=self.name, seed=seed,

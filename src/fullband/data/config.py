@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fullband.data.synthetic import get_task
 from fullband.errors import ConfigError
 
 # Bump when the way documents become tokens changes, so old prepared datasets are not reused.
@@ -70,7 +71,6 @@ class DataConfig:
                 ".txt/.jsonl/.parquet files, a save_to_disk directory, or 'hf:<name>[:<config>]'."
             )
         if self.source.startswith("synthetic:"):
-            from fullband.data.synthetic import get_task
 
             get_task(self.source.removeprefix("synthetic:"))
         if self.source.startswith("hf:") and not self.source.removeprefix("hf:").split(":")[0]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fullband.data.chat import encode_record
 from fullband.data.config import DATA_FORMAT_VERSION, DataConfig
 from fullband.data.sources import (
     SPLITS,
@@ -129,7 +130,6 @@ def _text_batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[str]]:
 def _write_records(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, writer: _ShardWriter, stats: SplitStats,
                    mask_path: Path) -> list[np.ndarray]:
     """Chat / prompt_answer records: framed ids into the shards, their loss mask into `mask_path`."""
-    from fullband.data.chat import encode_record
 
     starts = []
     with open(mask_path, "wb") as mask_file:

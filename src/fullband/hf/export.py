@@ -12,6 +12,7 @@ from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
+from fullband.model import FullBandLM, ordinary_file_mode
 from fullband.storage import resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
@@ -66,7 +67,6 @@ def export_hf(
 
     from fullband.hf.configuration_fullband import FullBandHFConfig
     from fullband.hf.modeling_fullband import FullBandForCausalLM
-    from fullband.model import FullBandLM, ordinary_file_mode
 
     model_dir, dst = resolve_model_dir(source), Path(dst)
     try:

@@ -8,6 +8,8 @@ from pathlib import Path
 from fullband.cli_options import add_decode_options, decode_overrides
 from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
+from fullband.loading import load_model
+from fullband.serve.engine import Engine
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -39,8 +41,6 @@ def run(args: argparse.Namespace) -> None:
         raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
     import torch
 
-    from fullband.loading import load_model
-    from fullband.serve.engine import Engine
 
     if args.max_batch < 1 or args.max_queue < 0:
         raise FullbandError("--max-batch must be >= 1, --max-queue >= 0")
