@@ -141,6 +141,8 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
     styles = {mode: style for mode, style in (("fused:auto", ("C0", "o", "-")), ("standard", ("C1", "x", ":")))
               if mode in modes_of(records)}
+    # A sweep graded in standard mode only trained a baseline transformer, not an FBT.
+    model = "FBT" if "fused:auto" in styles else "standard transformer,"
     for ax, task in zip(axes.flat, tasks):
         runs = [r for r in records if r["task"] == task]
         lengths = sorted({int(m) for r in runs for m in r["lengths"]})
@@ -151,7 +153,7 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
             accs = [[r["lengths"][str(m)][mode]["accuracy"] for r in runs if str(m) in r["lengths"]] for m in lengths]
             ax.errorbar(lengths, [statistics.mean(a) for a in accs],
                         yerr=[interval(a)[1] if len(a) > 1 else 0.0 for a in accs], color=color,
-                        marker=marker, ls=line, capsize=3, label=f"FBT {mode} (mean, 95% t interval over seeds)")
+                        marker=marker, ls=line, capsize=3, label=f"{model} {mode} (mean, 95% t interval over seeds)")
         ax.axvline(lengths[0], color="grey", lw=0.8, ls=":")
         ax.axhline(0.9, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log", base=2)
