@@ -11,6 +11,7 @@ from conftest import make_model
 from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.errors import ConfigError
 from fullband.model import FullBandLM
+from fullband.schedule import PassSchedule
 
 
 def test_values_from_text_are_read_once_and_checked():
@@ -59,10 +60,10 @@ def test_labels():
 
 
 def test_defaults_follow_the_training_schedule():
-    assert DecodeSettings.trained_with(exact=True, max_passes=0, max_seq_len=512) == DecodeSettings(
+    assert DecodeSettings.trained_with(PassSchedule.parse("exact"), 512) == DecodeSettings(
         "fused", "auto", fused_max_passes=512)
-    assert DecodeSettings.trained_with(exact=False, max_passes=3, max_seq_len=512) == DecodeSettings("soft")
-    assert DecodeSettings.trained_with(exact=False, max_passes=1, max_seq_len=512) == DecodeSettings("standard")
+    for schedule, mode in (("paper", "soft"), ("fixed:3", "soft"), ("standard", "standard"), ("fixed:1", "standard")):
+        assert DecodeSettings.trained_with(PassSchedule.parse(schedule), 512) == DecodeSettings(mode), schedule
 
 
 def test_a_bound_per_request():

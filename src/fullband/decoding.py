@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 # A Hugging Face export ships this file as fullband_decoding.py beside fullband_model.py (a copy of
 # fullband/model.py), so that its generate() reads and checks the same settings; there the package may be
@@ -34,6 +34,13 @@ except ImportError:  # pragma: no cover - only in an export
 MODES = ("standard", "soft", "fused")
 AUTO = "auto"
 FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
+
+
+class TrainingSchedule(Protocol):
+    """What the defaults depend on: a pass schedule (``fullband.schedule.PassSchedule``)."""
+
+    exact: bool  # K = each step's longest document: the exact recurrence
+    max_passes: int  # the most Jacobi passes of a step (only asked of a schedule that is not exact)
 
 
 class DecodeSettingsError(_ErrorBase):
@@ -89,12 +96,13 @@ class DecodeSettings:
         return self.with_overrides(mode=name, fused_passes=passes or None)
 
     @classmethod
-    def trained_with(cls, exact: bool, max_passes: int, max_seq_len: int) -> DecodeSettings:
-        """The defaults of a model trained with a schedule: ``exact`` (the exact recurrence), or at most
-        ``max_passes`` Jacobi passes per step (1: the fusion was never trained)."""
-        if exact:
+    def trained_with(cls, schedule: TrainingSchedule, max_seq_len: int) -> DecodeSettings:
+        """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: the exact recurrence
+        (fused:auto up to the context), Jacobi passes (soft), or one pass only (standard: the fusion was never
+        trained)."""
+        if schedule.exact:
             return cls("fused", AUTO, DEFAULT_FUSED_TOL, max_seq_len)
-        return cls("soft") if max_passes > 1 else cls("standard")
+        return cls("soft") if schedule.max_passes > 1 else cls("standard")
 
     # ---- reading --------------------------------------------------------------------------------------
 

@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from fullband.decoding import MODES, DecodeSettings
+from fullband.decoding import DecodeSettings
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, ModelOutput, segment_positions
 
-__all__ = ["MODES", "decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
+__all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
            "score_continuations", "sequential_forward"]
 
 

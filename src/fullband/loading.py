@@ -69,8 +69,7 @@ def fill_decode_defaults(model: FullBandLM, model_dir: Path) -> None:
         parsed = PassSchedule.parse(schedule)
     except ConfigError:
         return  # a schedule this version no longer knows: standard, the safe mode for any model
-    settings = DecodeSettings.trained_with(parsed.exact, 0 if parsed.exact else parsed.max_passes,
-                                           model.config.max_seq_len)
+    settings = DecodeSettings.trained_with(parsed, model.config.max_seq_len)
     settings.store_in(model)
 
 

@@ -261,9 +261,12 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             )
         if use_cache is None:
             use_cache = cache is not None
-        base = cache.settings if cache is not None else self.config.decode_settings()
-        settings = base.with_overrides(mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
-                                       fused_max_passes=fused_max_passes)
+        if cache is not None and cache.get_seq_length() > 0:
+            settings = cache.settings  # fixed when the cache was filled; decode steps need not resolve them again
+        else:
+            base = cache.settings if cache is not None else self.config.decode_settings()
+            settings = base.with_overrides(mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                                           fused_max_passes=fused_max_passes)
         if use_cache and cache is None:
             cache = FullBandCache(settings=settings)
 

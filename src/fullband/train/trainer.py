@@ -637,9 +637,7 @@ class Trainer:
     def _decode_settings(self) -> DecodeSettings:
         """How the saved model decodes by default, implied by the schedule it was trained with (a user changes
         it when exporting, serving or calling)."""
-        schedule = PassSchedule.parse(self.train_cfg.schedule)
-        return DecodeSettings.trained_with(schedule.exact, 0 if schedule.exact else schedule.max_passes,
-                                           self.cfg.model.max_seq_len)
+        return DecodeSettings.trained_with(self.schedule, self.cfg.model.max_seq_len)
 
     def _save(self, model, optimizers, state, dataset) -> None:
         model_state, optimizer_state = self._state_dicts(model, optimizers)
