@@ -94,6 +94,12 @@ class TrainConfig:
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only at the end)")
     ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
+    checkpoint_format: str = _f(
+        "auto",
+        "'dcp': every rank writes its own shards of the weights and optimizer state (torch.distributed.checkpoint, "
+        "no gather; resumable at another world size); 'full': rank 0 gathers them into model.safetensors + "
+        "optimizer.pt; 'auto': dcp when parallel is fsdp, else full",
+    )
     keep_best: str = _f(
         "",
         "keep the model of the lowest validation loss of this name ('standard', 'fused(N)' or 'sequential') in "
@@ -135,7 +141,8 @@ SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train
 # Fields that may differ between a run and its resumption: they change logging, not the computation.
 RESUMABLE_CHANGES = {
     "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.eval_every",
-    "train.ckpt_every", "train.keep_checkpoints", "train.stop_after_steps", "train.max_bad_steps",
+    "train.ckpt_every", "train.keep_checkpoints", "train.checkpoint_format", "train.stop_after_steps",
+    "train.max_bad_steps",
     "train.compile", "eval.batches", "eval.batch_size", "eval.fused_passes", "eval.sequential",
 }
 
@@ -173,7 +180,8 @@ class RunConfig:
             raise ConfigError(f"train.pass_loss={t.pass_loss!r} was removed from fullband (it lost in "
                               f"experiments); commit {REMOVED_IN} is the last that has it")
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
-                   "parallel": ("ddp", "fsdp"), "dtype": ("auto", "float32", "bfloat16"),
+                   "parallel": ("ddp", "fsdp"), "checkpoint_format": ("auto", "dcp", "full"),
+                   "dtype": ("auto", "float32", "bfloat16"),
                    "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:

@@ -15,7 +15,7 @@ from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
-from fullband.storage import BEST, find_tokenizer_dir, resolve_model_dir
+from fullband.storage import BEST, find_tokenizer_dir, load_pretrained, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +52,7 @@ def load_model(
     tokenizer_dir = find_tokenizer_dir(model_dir)
     if tokenizer_dir is None:
         raise FullbandError(f"no tokenizer saved with {model_dir} (expected {model_dir / 'tokenizer'})")
-    model = FullBandLM.from_pretrained(model_dir, device=device or default_device(), dtype=dtype)
+    model = load_pretrained(model_dir, device=device or default_device(), dtype=dtype)
     fill_decode_defaults(model, model_dir)
     return model.eval(), load_tokenizer(tokenizer_dir)
 
@@ -180,5 +180,5 @@ def load_model_and_data(
     tokenizer_dir = find_tokenizer_dir(model_dir)
     if tokenizer_dir is not None and load_tokenizer(tokenizer_dir).fingerprint() != dataset.tokenizer.fingerprint():
         raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir}'s")
-    model = FullBandLM.from_pretrained(model_dir, device=device or default_device())
+    model = load_pretrained(model_dir, device=device or default_device())
     return model, dataset, model_dir, data_dir

@@ -658,12 +658,15 @@ class FullBandLM(nn.Module):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+        cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+        state_dict: dict[str, torch.Tensor] | None = None,
     ) -> FullBandLM:
+        """The model of ``directory`` (config.json + model.safetensors); ``state_dict``: weights already read
+        elsewhere (a DCP checkpoint's, consolidated by ``fullband.storage``), then no model.safetensors is needed."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
+        for name in (CONFIG_NAME,) if state_dict is not None else (CONFIG_NAME, WEIGHTS_NAME):
             if not (directory / name).is_file():
                 raise FileNotFoundError(
                     f"{directory} is not a fullband model directory: {name} is missing "
@@ -671,15 +674,16 @@ class FullBandLM(nn.Module):
                 )
         config = FullBandConfig.load(directory / CONFIG_NAME)
         model = cls(config)
-        try:
-            state = load_file(str(directory / WEIGHTS_NAME))
-        except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
+        state = state_dict
+        if state is None:
+            try:
+                state = load_file(str(directory / WEIGHTS_NAME))
+            except Exception as exc:  # safetensors raises its own error types for truncated files
+                raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
         missing, unexpected = model.load_state_dict(state, strict=False)
         if unexpected or missing:
-            raise ValueError(
-                f"{directory / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {unexpected}"
-            )
+            source = directory / WEIGHTS_NAME if state_dict is None else f"the weights given for {directory}"
+            raise ValueError(f"{source} does not match its config: missing {missing}, unexpected {unexpected}")
         if (directory / DECODE_DEFAULTS_NAME).is_file():
             try:
                 model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())

@@ -10,24 +10,47 @@ Layout of ``RUN/checkpoints/step_00000100/``::
     trainer_state.json        (step, tokens, loader position, counters)
     manifest.json             (written last: every file's size and sha256)
 
+A DCP checkpoint (``train.checkpoint_format: dcp``) has the same layout but for the weights and optimizer state,
+which every rank wrote as its own shards with ``torch.distributed.checkpoint``, beside the model directory::
+
+    model/config.json, model/generation_config.json, model/tokenizer/   (no model.safetensors)
+    dcp/.metadata, dcp/__0_0.distcp, dcp/__1_0.distcp, ...             ({"model": ..., "optimizer": ...})
+    rng.pt, trainer_state.json, manifest.json                            (manifest.json: "format": "dcp")
+
+Its ``model/`` is still a model directory every door resolves: ``read_model_weights`` consolidates the model's
+tensors from the shards in one process (no process group, no optimizer state read).
+
 With ``train.keep_best``, ``RUN/best/`` holds the model of the best validation so far the same way
 (model/, best.json, manifest.json): ``fullband bench RUN/best`` loads it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
 from fullband.errors import CheckpointError
+from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, FullBandLM, ordinary_file_mode
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
 BEST = "best"
+DCP_DIR = "dcp"  # a DCP checkpoint's shards, beside its model/ directory
+MODEL_KEY = "model"  # the model's entry in a DCP checkpoint's state dict ({"model": ..., "optimizer": ...})
 
 
 def sha256_of(path: Path) -> str:
@@ -98,7 +121,7 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or dcp_dir_of(path)):
         return path
     if (path / "model" / "config.json").is_file():
         verify_checkpoint(path)
@@ -112,6 +135,88 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
         f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
         "(model/ + manifest.json) nor a run directory (checkpoints/)"
     )
+
+
+@contextlib.contextmanager
+def single_process_dcp() -> Iterator[None]:
+    """DCP warns at every save or load without a process group that it assumes a single process: here that
+    is the intent (a one-process run, a front door consolidating a checkpoint), so the warning is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def checkpoint_format(path: Path) -> str:
+    """'dcp' for a checkpoint whose weights and optimizer state are DCP shards, else 'full'."""
+    return "dcp" if (Path(path) / DCP_DIR).is_dir() else "full"
+
+
+def dcp_dir_of(model_dir: Path) -> Path | None:
+    """The shards holding the weights of a DCP checkpoint's ``model/`` directory (``../dcp``), else None."""
+    model_dir = Path(model_dir)
+    shards = model_dir.parent / DCP_DIR
+    if model_dir.name == "model" and not (model_dir / WEIGHTS_NAME).is_file() and (shards / ".metadata").is_file():
+        return shards
+    return None
+
+
+def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The model's full tensors on the CPU: ``model.safetensors``, or for a DCP checkpoint's ``model/`` the
+    ``model.*`` entries of its shards, consolidated in this process whatever the world size that wrote them
+    (no process group needed, the optimizer state is not read)."""
+    model_dir = Path(model_dir)
+    shards = dcp_dir_of(model_dir)
+    if shards is None:
+        try:
+            return load_file(str(model_dir / WEIGHTS_NAME))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise CheckpointError(f"{model_dir / WEIGHTS_NAME} is unreadable or truncated: {exc}") from None
+    try:
+        reader = FileSystemReader(str(shards))
+        entries = reader.read_metadata().state_dict_metadata
+        prefix = MODEL_KEY + "."
+        # Empty tensors of the global shapes, filled by DCP from whichever shards hold their pieces.
+        state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items()
+                 if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+        if not state:
+            raise CheckpointError(f"{shards} holds no model weights (no '{prefix}*' entries)")
+        with single_process_dcp():
+            dcp_load(state, storage_reader=reader, no_dist=True)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # DCP raises CheckpointException, OSError, pickle errors for damaged shards
+        raise CheckpointError(f"cannot read the model weights from the DCP shards in {shards}: {exc}") from None
+    return {key.removeprefix(prefix): tensor for key, tensor in state.items()}
+
+
+def load_pretrained(model_dir: Path, device: str | torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> FullBandLM:
+    """``FullBandLM.from_pretrained`` for any model directory, a DCP checkpoint's included."""
+    model_dir = Path(model_dir)
+    weights = read_model_weights(model_dir) if dcp_dir_of(model_dir) is not None else None
+    return FullBandLM.from_pretrained(model_dir, device=device, dtype=dtype, state_dict=weights)
+
+
+def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Write the model of ``source`` (a run directory, checkpoint or model directory, DCP or full) to ``out``
+    as a plain model directory: config.json, model.safetensors, generation_config.json and tokenizer/."""
+    model_dir, out = resolve_model_dir(source), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
+    weights = read_model_weights(model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / (WEIGHTS_NAME + ".tmp")
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
+              metadata={"format": "pt", "library": "fullband"})
+    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
+    os.replace(tmp, out / WEIGHTS_NAME)
+    for name in (CONFIG_NAME, DECODE_DEFAULTS_NAME):
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
+    tokenizer = find_tokenizer_dir(model_dir)
+    if tokenizer is not None:
+        shutil.copytree(tokenizer, out / "tokenizer")
+    return out
 
 
 def find_tokenizer_dir(model_dir: Path) -> Path | None:

@@ -12,8 +12,8 @@ from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
-from fullband.model import FullBandLM, ordinary_file_mode
-from fullband.storage import resolve_model_dir
+from fullband.model import ordinary_file_mode
+from fullband.storage import load_pretrained, resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = _HERE.parent / "model.py"
@@ -71,7 +71,7 @@ def export_hf(
     model_dir, dst = resolve_model_dir(source), Path(dst)
     try:
         dtype = _stored_dtype(model_dir)
-        model = FullBandLM.from_pretrained(model_dir, dtype=dtype)
+        model = load_pretrained(model_dir, dtype=dtype)
         dtype = model.embed.weight.dtype
     except FileNotFoundError as exc:
         raise CheckpointError(str(exc)) from exc

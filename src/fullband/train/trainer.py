@@ -22,7 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
@@ -31,9 +41,20 @@ from fullband.errors import CheckpointError, ConfigError, DataError, FullbandErr
 from fullband.eval import EvalResult, evaluate
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
+from fullband.storage import (
+    DCP_DIR,
+    MODEL_KEY,
+    checkpoint_format,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    read_best,
+    read_model_weights,
+    resolve_model_dir,
+    single_process_dcp,
+    verify_checkpoint,
+)
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
-from fullband.storage import latest_valid_checkpoint, list_checkpoints, read_best, resolve_model_dir, verify_checkpoint
-from fullband.train.checkpoint import read_checkpoint, write_best, write_checkpoint
+from fullband.train.checkpoint import read_checkpoint, write_best, write_checkpoint, write_dcp_checkpoint
 from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.objective import MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
@@ -233,9 +254,7 @@ class Trainer:
         return False
 
     def _load_init_weights(self, model: FullBandLM, model_dir: Path) -> None:
-        from safetensors.torch import load_file
-
-        state = grow_vocabulary(load_file(str(model_dir / "model.safetensors")), model.config.vocab_size)
+        state = grow_vocabulary(read_model_weights(model_dir), model.config.vocab_size)
         if self._keep_fusion:
             missing, unexpected = model.load_state_dict(state, strict=False)
             if missing or unexpected:
@@ -279,43 +298,63 @@ class Trainer:
 
     # ---- state -----------------------------------------------------------------------------------
 
-    def _state_dicts(self, model, optimizers):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    def _sharded_state(self, model, optimizers) -> dict[str, Any]:
+        """{"model": ..., "optimizer": ...} as each rank holds them (DTensor shards under FSDP): what a DCP
+        checkpoint saves, and loads into whatever the sharding of the run that reads it."""
+        model_state, optimizer_state = get_state_dict(model, optimizers)
+        return {MODEL_KEY: model_state, "optimizer": optimizer_state}
 
+    def _state_dicts(self, model, optimizers):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return self._model_state(model), get_optimizer_state_dict(model, optimizers, options=options)
 
     def _model_state(self, model) -> dict[str, torch.Tensor]:
         """The full (unsharded) weights on the CPU; a collective under FSDP, so every rank calls it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def _load_state(self, model, optimizers, checkpoint: Path) -> dict:
-        from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
         parts = read_checkpoint(checkpoint)
-        set_model_state_dict(model, load_file(str(checkpoint / "model" / "model.safetensors")),
-                             options=StateDictOptions(full_state_dict=True))
+        if checkpoint_format(checkpoint) == "dcp":
+            model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)
+            set_model_state_dict(model, model_state)
+            options = StateDictOptions(strict=False)
+        else:
+            model_state = read_model_weights(checkpoint / "model")
+            set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+            optimizer_state = parts["optimizer"]
+            saved = set(optimizer_state.get("state", {}))
+            options = StateDictOptions(full_state_dict=True, strict=False)
         # strict=False: parameters that never had a gradient (the fusion weights during the 1-pass phase)
         # have no optimizer state yet, exactly as in an uninterrupted run.
-        set_optimizer_state_dict(model, optimizers, parts["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        set_optimizer_state_dict(model, optimizers, optimizer_state, options=options)
         # set_optimizer_state_dict first initialises every parameter's state with a zero-gradient step;
         # drop that state again where the checkpoint had none, or those parameters' first real update
         # would see a step count of 2 (Adam bias correction) and the run would not match an uninterrupted one.
-        saved = parts["optimizer"].get("state", {})
         for name, param in model.named_parameters():
             if name not in saved:
                 for opt in optimizers:
                     opt.state.pop(param, None)
         torch.set_rng_state(parts["rng"]["torch"])
         return parts["trainer_state"]
+
+    def _read_dcp_state(self, model, optimizers, checkpoint: Path) -> tuple[dict, dict, set[str]]:
+        """The model and optimizer state of a DCP checkpoint, read into this run's sharding (any world size:
+        DCP reads each rank's pieces from whichever shards hold them), and the names of the parameters that
+        have optimizer state in it."""
+        shards = checkpoint / DCP_DIR
+        state = self._sharded_state(model, optimizers)
+        entries = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+        # The template holds freshly initialised state for every parameter; read only the parameters the
+        # checkpoint has state for (DCP refuses to load entries a checkpoint lacks).
+        saved = {name for name, per_param in state["optimizer"]["state"].items()
+                 if all(f"optimizer.state.{name}.{key}" in entries for key in per_param)}
+        state["optimizer"]["state"] = {k: v for k, v in state["optimizer"]["state"].items() if k in saved}
+        try:
+            with contextlib.nullcontext() if dist.is_initialized() else single_process_dcp():
+                dcp.load(state, checkpoint_id=str(shards), no_dist=not dist.is_initialized())
+        except Exception as exc:  # DCP wraps a rank's failure (a damaged shard, missing entries) in its own error
+            raise CheckpointError(f"checkpoint {checkpoint}: cannot read its DCP shards ({exc})") from None
+        return state[MODEL_KEY], state["optimizer"], saved
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -368,6 +407,9 @@ class Trainer:
         self.optimizers = build_optimizers(model, t)
         self.schedule = PassSchedule.parse(t.schedule)
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
+        # The format written; resuming reads either, whatever world size wrote it (DCP reshards).
+        self.checkpoint_format = t.checkpoint_format if t.checkpoint_format != "auto" else (
+            "dcp" if t.parallel == "fsdp" else "full")
         self.total_steps = max(1, math.ceil(t.tokens / self.tokens_per_step))
         split = dataset.split("train")
         if self.schedule.exact and not split.isolate:
@@ -640,6 +682,13 @@ class Trainer:
         return DecodeSettings.trained_with(self.schedule, self.cfg.model.max_seq_len)
 
     def _save(self, model, optimizers, state, dataset) -> None:
+        if self.checkpoint_format == "dcp":
+            # Every rank writes its own shards: no rank ever holds the whole model or optimizer state.
+            path = write_dcp_checkpoint(self.out_dir, state["step"], self._sharded_state(model, optimizers),
+                                        self.cfg.model, self._decode_settings(), dataset.path / "tokenizer", state,
+                                        self.train_cfg.keep_checkpoints)
+            self._log(f"checkpoint {path}")
+            return
         model_state, optimizer_state = self._state_dicts(model, optimizers)
         if self.is_main:
             path = write_checkpoint(self.out_dir, state["step"], model_state, self.cfg.model, self._decode_settings(),
