@@ -1,4 +1,5 @@
-"""Checkpoints: atomic layout, verification, skipping corrupt ones on resume, resolve_model_dir, no pickle."""
+"""Checkpoints: atomic layout, verification, skipping corrupt ones on resume, resolve_model_dir, no pickle; the
+same for DCP checkpoints (one process here; resharding across world sizes in test_train_distributed.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ import test_train
 import torch
 from test_train import read_metrics, steps_of, tiny_config
 
-from fullband.errors import CheckpointError
+from fullband.cli import main
+from fullband.errors import CheckpointError, ConfigError
+from fullband.hf import export_hf
+from fullband.loading import load_model, load_model_and_data
 from fullband.model import FullBandLM
 from fullband.storage import (
     find_tokenizer_dir,
     latest_valid_checkpoint,
     list_checkpoints,
+    read_model_weights,
     resolve_model_dir,
     verify_checkpoint,
 )
@@ -178,3 +183,101 @@ def test_pickled_objects_in_a_checkpoint_are_refused(finished_run, tmp_path, par
     with pytest.raises(CheckpointError, match="optimizer.pt"):
         train(_cfg(), run, data_dir=parity_data, resume=True)
     assert not marker.exists()
+
+
+# ---- DCP checkpoints (train.checkpoint_format dcp) -----------------------------------------------
+
+
+def _dcp_cfg(**train_fields):
+    cfg = _cfg()
+    cfg.train.checkpoint_format = "dcp"
+    for name, value in train_fields.items():
+        setattr(cfg.train, name, value)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def dcp_run(tmp_path_factory, parity_data) -> Path:
+    """The run of ``finished_run`` in DCP format, stopped after 2 steps and resumed (same world size)."""
+    run = tmp_path_factory.mktemp("dcp") / "run"
+    train(_dcp_cfg(stop_after_steps=2), run, data_dir=parity_data)
+    train(_dcp_cfg(), run, data_dir=parity_data, resume=True)
+    return run
+
+
+def test_dcp_layout_and_bitwise_resume(dcp_run, finished_run):
+    newest = list_checkpoints(dcp_run)[-1]
+    assert [p.name for p in list_checkpoints(dcp_run)] == ["step_00000002", "step_00000004", "step_00000006"]
+    for name in ("dcp/.metadata", "dcp/__0_0.distcp", "rng.pt", "trainer_state.json", "model/config.json",
+                 "model/generation_config.json", "model/tokenizer"):
+        assert (newest / name).exists(), name
+    assert not (newest / "optimizer.pt").exists() and not (newest / "model" / "model.safetensors").exists()
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["format"] == "dcp" and {"dcp/.metadata", "dcp/__0_0.distcp"} <= set(manifest["files"])
+    verify_checkpoint(newest)
+    # Resumed from step 2, the run is the full-format uninterrupted run bit for bit: losses and weights.
+    assert [(r["loss"], r["pass_losses"]) for r in read_metrics(dcp_run)] == [
+        (r["loss"], r["pass_losses"]) for r in read_metrics(finished_run)]
+    full = read_model_weights(list_checkpoints(finished_run)[-1] / "model")
+    sharded = read_model_weights(newest / "model")
+    assert sharded.keys() == full.keys() and all(torch.equal(sharded[k], full[k]) for k in full)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_damaged_dcp_shard_is_reported_and_skipped(dcp_run, finished_run, tmp_path, capfd, parity_data, damage):
+    run = _copy(dcp_run, tmp_path)
+    shard = list_checkpoints(run)[-1] / "dcp" / "__0_0.distcp"
+    if damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:100])
+        expected = "dcp/__0_0.distcp has 100 bytes"
+    else:
+        shard.unlink()
+        expected = "dcp/__0_0.distcp is missing"
+    with pytest.raises(CheckpointError, match=expected):
+        verify_checkpoint(list_checkpoints(run)[-1])
+    (run / "eval.jsonl").write_text("")  # not finished: resuming loads the newest checkpoint that verifies
+    result = train(_dcp_cfg(), run, data_dir=parity_data, resume=True)
+    err = capfd.readouterr().err
+    assert "skipping" in err and expected in err and f"resumed from {list_checkpoints(run)[1]} at step 4" in err
+    assert result.finished
+    assert [r["loss"] for r in read_metrics(run)] == [r["loss"] for r in read_metrics(finished_run)]
+    verify_checkpoint(list_checkpoints(run)[-1])
+
+
+def test_front_doors_and_consolidate_read_a_dcp_checkpoint(dcp_run, tmp_path, capsys):
+    newest = list_checkpoints(dcp_run)[-1]
+    assert resolve_model_dir(dcp_run) == resolve_model_dir(newest) == resolve_model_dir(newest / "model")
+    expected = read_model_weights(newest / "model")
+    # generate / chat / serve / bench load through load_model, eval through load_model_and_data
+    model, tokenizer = load_model(dcp_run, device="cpu")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
+    assert model.decode_defaults == json.loads((newest / "model" / "generation_config.json").read_text())
+    model, dataset, model_dir, _ = load_model_and_data(newest, device="cpu")
+    assert model_dir == newest / "model" and torch.equal(model.embed.weight, expected["embed.weight"])
+
+    exported = export_hf(dcp_run, tmp_path / "hf")
+    assert all(torch.equal(load_model(exported, device="cpu")[0].state_dict()[k], v) for k, v in expected.items())
+
+    out = tmp_path / "consolidated"
+    assert main(["consolidate", str(dcp_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                     "tokenizer"]
+    plain = FullBandLM.from_pretrained(out)
+    assert all(torch.equal(plain.state_dict()[k], v) for k, v in expected.items())
+    assert resolve_model_dir(out) == out and find_tokenizer_dir(out) == out / "tokenizer"
+    # a non-empty --out is refused, not overwritten
+    assert main(["consolidate", str(dcp_run), "--out", str(out)]) == 2
+    assert "already exists and is not an empty directory" in capsys.readouterr().err
+
+
+def test_init_from_a_dcp_checkpoint(dcp_run, tmp_path, capfd, parity_data):
+    newest = list_checkpoints(dcp_run)[-1]
+    cfg = tiny_config(train={"tokens": steps_of(1), "init_fusion": "keep", "schedule": "fixed:2"})
+    assert train(cfg, tmp_path / "mid", data_dir=parity_data, init_from=newest).finished
+    assert f"initialised from {newest / 'model'}, fusion weights included" in capfd.readouterr().err
+
+
+def test_checkpoint_format_is_validated():
+    with pytest.raises(ConfigError, match="train.checkpoint_format='zip': allowed values are auto, dcp, full"):
+        tiny_config(train={"checkpoint_format": "zip"})

@@ -24,6 +24,7 @@ from fullband.generation import generate_stream
 from fullband.hf import convert_from_hf, export_hf
 from fullband.loading import encode_prompt, load_model, load_model_and_data, preset_path
 from fullband.serve import cli as serve_cli
+from fullband.storage import consolidate
 from fullband.train import train
 
 
@@ -114,6 +115,11 @@ def cmd_convert(args: argparse.Namespace) -> None:
     print(f"wrote {convert_from_hf(args.from_hf, args.out)}")
 
 
+def cmd_consolidate(args: argparse.Namespace) -> None:
+
+    print(f"wrote {consolidate(args.checkpoint, args.out)}")
+
+
 def cmd_export_hf(args: argparse.Namespace) -> None:
 
     print(f"wrote {export_hf(args.checkpoint, args.out, **decode_overrides(args))}")
@@ -178,6 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DST", help="directory to write")
     add_decode_options(p, "the export's generate()")
     p.set_defaults(func=cmd_export_hf)
+
+    p = sub.add_parser("consolidate", help="write a checkpoint's model (a DCP checkpoint's shards included) as a "
+                                           "model directory with one model.safetensors")
+    p.add_argument("checkpoint", help="run directory (its newest valid checkpoint), checkpoint or model directory")
+    p.add_argument("--out", required=True, metavar="DIR", help="model directory to write (new or empty)")
+    p.set_defaults(func=cmd_consolidate)
 
     lm_eval_cli.add_parser(sub)
     jacobi.add_parser(sub)
