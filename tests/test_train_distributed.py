@@ -1,5 +1,6 @@
 """Two CPU processes under torch.distributed.run (gloo) give the same per-step losses as one process with
-the same global batch, for DDP and FSDP2, including fused steps with prefix mixin and jitter."""
+the same global batch, for DDP and FSDP2, including fused steps with prefix mixin and jitter; DCP checkpoints
+resume at another world size (2 -> 1, 1 -> 2) as the uninterrupted run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import test_train
 from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
 
 from fullband.config import build_config
-from fullband.storage import list_checkpoints
+from fullband.storage import list_checkpoints, read_model_weights
 from fullband.train import PassSchedule, train
 
 STEPS = 5
@@ -52,11 +53,12 @@ def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6), (a["step"], a["loss"], b["loss"])
         assert b["pass_losses"] == pytest.approx(a["pass_losses"], rel=1e-5, abs=1e-6)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
-    # the distributed run wrote one complete checkpoint whose weights match the single process's
-    from safetensors.torch import load_file
-
-    wa = load_file(str(list_checkpoints(tmp_path / "single")[-1] / "model" / "model.safetensors"))
-    wb = load_file(str(list_checkpoints(tmp_path / "dist")[-1] / "model" / "model.safetensors"))
+    # the distributed run wrote one complete checkpoint (under FSDP by default DCP shards, one per rank) whose
+    # weights match the single process's
+    newest = list_checkpoints(tmp_path / "dist")[-1]
+    assert (newest / "dcp" / "__1_0.distcp").is_file() == (parallel == "fsdp")
+    wa = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
+    wb = read_model_weights(newest / "model")
     assert wa.keys() == wb.keys()
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() < 1e-4, k
@@ -76,8 +78,6 @@ def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data
     """An FSDP run's DCP checkpoint (the default format under fsdp) resumes with 1 process (2 -> 1), and a
     1-process run's with 2 (1 -> 2): every step's K, loss and pass losses equal the uninterrupted run's, so no
     batch was lost or repeated, and the final weights agree."""
-    from fullband.storage import read_model_weights
-
     def raw(stop: int = 0) -> dict:
         return tiny_raw(
             train={"tokens": steps_of(STEPS), "schedule": SCHEDULE, "seed": SEED, "prefix_mixin": 1.0,

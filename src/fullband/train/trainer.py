@@ -438,7 +438,12 @@ class Trainer:
             shutil.rmtree(self.out_dir / "best", ignore_errors=True)
 
     def _resume(self) -> None:
-        checkpoint = latest_valid_checkpoint(self.out_dir)
+        # Rank 0 verifies (the sha256 of every file) and tells the others which checkpoint: every rank
+        # verifying would read a sharded checkpoint's every shard once per rank.
+        found = [latest_valid_checkpoint(self.out_dir) if self.is_main else None]
+        if self.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        checkpoint = found[0]
         if checkpoint is None:
             self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
             return
