@@ -12,18 +12,20 @@ directory, sha256 manifest and fsync included. A model of ~300M parameters (d_mo
 d_ff 4096, vocabulary 32000) is sharded with ``fully_shard`` per block over ``--nproc`` gloo processes, with
 AdamW state (one step on zero gradients). The formats are interleaved: each repetition saves and loads
 both, in an order rotated from repetition to repetition. Memory per rank per phase: the high-water mark
-``VmHWM`` is reset (``/proc/self/clear_refs``) before the phase and read after it; reported as the peak and
-as the peak above the resident size before the phase (what the checkpoint costs on top of training).
+``VmHWM`` is reset (``/proc/self/clear_refs``, after ``malloc_trim``) before the phase and read after it;
+reported as the peak and as the peak above the resident size before the phase (what the checkpoint costs on
+top of training).
 Loads read a checkpoint just written, so from the page cache for both formats.
 
 Usage:
-    python benchmarks/checkpoint.py            # ~300M parameters, 2 processes, 2 repetitions (~5 min)
+    python benchmarks/checkpoint.py            # ~300M parameters, 2 processes, 3 repetitions (~2 min)
     python benchmarks/checkpoint.py --quick    # a tiny model: a smoke run (< 1 min)
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -52,6 +54,7 @@ SIZES = {
     "quick": {"d_model": 128, "n_layers": 2, "n_heads": 4, "d_ff": 512, "vocab_size": 1000},
 }
 FORMATS = ("full", "dcp")
+LIBC = ctypes.CDLL("libc.so.6")  # malloc_trim (glibc, Linux: /proc/self/clear_refs is Linux-only too)
 
 
 def _status_mib(field: str) -> float:
@@ -64,6 +67,9 @@ def _status_mib(field: str) -> float:
 def _measure(fn, *args) -> dict:
     """Wall time of ``fn(*args)`` (between barriers: the slowest rank's), this rank's peak RSS and its rise."""
     dist.barrier()
+    # Hand memory freed by earlier phases back to the OS first: glibc keeps it resident otherwise, and a
+    # phase after a large one would start from (and hide its peak inside) the earlier phase's leftovers.
+    LIBC.malloc_trim(0)
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     before = _status_mib("VmRSS")
     started = time.perf_counter()
@@ -167,7 +173,7 @@ def table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a tiny model, 1 repetition: a smoke run (< 1 min)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 2; quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved repetitions (default 3; quick 1)")
     p.add_argument("--nproc", type=int, default=2, help="gloo processes (FSDP2 ranks), default 2")
     p.add_argument("--workdir", default=None, help="where the checkpoints are written (default: a temporary "
                                                    "directory, removed afterwards)")
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         worker(args)
         return
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick else 3
     if args.out is None:
         args.out = "benchmarks/results/checkpoint" + ("_quick" if args.quick else "") + ".json"
     size = "quick" if args.quick else "300M"
