@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import test_train
+import torch
 from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
 
 from fullband.config import build_config
@@ -25,43 +28,13 @@ SEED = 1
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 
 
-@pytest.mark.parametrize("parallel, grad_accum", [("ddp", 2), ("fsdp", 1)])
-def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
-    ks = [PassSchedule.parse(SCHEDULE).passes_for_step(s, STEPS, SEED) for s in range(STEPS)]
-    assert ks[0] == 1 and {2, 3} <= set(ks), ks
-    raw = tiny_raw(
+def _raw(parallel: str, grad_accum: int = 1, **train_fields) -> dict:
+    return tiny_raw(
         train={"tokens": steps_of(STEPS, grad_accum), "grad_accum": grad_accum, "schedule": SCHEDULE, "seed": SEED,
-               "prefix_mixin": 1.0, "parallel": parallel, "warmup_steps": 1, "lr_schedule": "constant"},
+               "prefix_mixin": 1.0, "parallel": parallel, "warmup_steps": 1, "lr_schedule": "constant",
+               **train_fields},
         model={"feedback_jitter": 0.02},
     )
-    assert raw["train"]["batch_size"] == BATCH  # the global batch: 2 rows per rank
-    config = write_yaml(tmp_path / "config.yaml", raw)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "fullband", "train", "--config", str(config), "--out-dir", str(tmp_path / "dist"),
-               "--data-dir", str(parity_data)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-    single = train(build_config(raw), tmp_path / "single", data_dir=parity_data)
-    assert single.finished
-    one, two = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "dist")
-    assert [r["step"] for r in two] == list(range(1, STEPS + 1))  # rank 0 alone writes metrics
-    assert [r["passes"] for r in one] == [r["passes"] for r in two] == ks
-    for a, b in zip(one, two):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6), (a["step"], a["loss"], b["loss"])
-        assert b["pass_losses"] == pytest.approx(a["pass_losses"], rel=1e-5, abs=1e-6)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
-    # the distributed run wrote one complete checkpoint (under FSDP by default DCP shards, one per rank) whose
-    # weights match the single process's
-    newest = list_checkpoints(tmp_path / "dist")[-1]
-    assert (newest / "dcp" / "__1_0.distcp").is_file() == (parallel == "fsdp")
-    wa = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
-    wb = read_model_weights(newest / "model")
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert (wa[k] - wb[k]).abs().max() < 1e-4, k
 
 
 def _torchrun(config, out_dir, data_dir, *extra: str) -> None:
@@ -74,16 +47,54 @@ def _torchrun(config, out_dir, data_dir, *extra: str) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data):
+@pytest.fixture(scope="module")
+def fsdp_two_processes(tmp_path_factory, parity_data) -> Path:
+    """An uninterrupted 2-process FSDP run (one torchrun launch, shared by two tests)."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    _torchrun(write_yaml(tmp / "config.yaml", _raw("fsdp")), tmp / "dist", parity_data)
+    return tmp / "dist"
+
+
+@pytest.mark.parametrize("parallel, grad_accum", [("ddp", 2), ("fsdp", 1)])
+def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum, request):
+    ks = [PassSchedule.parse(SCHEDULE).passes_for_step(s, STEPS, SEED) for s in range(STEPS)]
+    assert ks[0] == 1 and {2, 3} <= set(ks), ks
+    raw = _raw(parallel, grad_accum)
+    assert raw["train"]["batch_size"] == BATCH  # the global batch: 2 rows per rank
+    if parallel == "fsdp":
+        dist_dir = request.getfixturevalue("fsdp_two_processes")
+    else:
+        dist_dir = tmp_path / "dist"
+        _torchrun(write_yaml(tmp_path / "config.yaml", raw), dist_dir, parity_data)
+
+    single = train(build_config(raw), tmp_path / "single", data_dir=parity_data)
+    assert single.finished
+    one, two = read_metrics(tmp_path / "single"), read_metrics(dist_dir)
+    assert [r["step"] for r in two] == list(range(1, STEPS + 1))  # rank 0 alone writes metrics
+    assert [r["passes"] for r in one] == [r["passes"] for r in two] == ks
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-6), (a["step"], a["loss"], b["loss"])
+        assert b["pass_losses"] == pytest.approx(a["pass_losses"], rel=1e-5, abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
+    # the distributed run wrote one complete checkpoint (under FSDP by default DCP shards, one per rank) whose
+    # weights match the single process's
+    newest = list_checkpoints(dist_dir)[-1]
+    assert (newest / "dcp" / "__1_0.distcp").is_file() == (parallel == "fsdp")
+    wa = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
+    wb = read_model_weights(newest / "model")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert (wa[k] - wb[k]).abs().max() < 1e-4, k
+
+
+def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data, fsdp_two_processes):
     """An FSDP run's DCP checkpoint (the default format under fsdp) resumes with 1 process (2 -> 1), and a
     1-process run's with 2 (1 -> 2): every step's K, loss and pass losses equal the uninterrupted run's, so no
-    batch was lost or repeated, and the final weights agree."""
+    batch was lost or repeated, and the final weights agree. Resumed with 2 processes (2 -> 2), the run is the
+    uninterrupted 2-process run bit for bit."""
+
     def raw(stop: int = 0) -> dict:
-        return tiny_raw(
-            train={"tokens": steps_of(STEPS), "schedule": SCHEDULE, "seed": SEED, "prefix_mixin": 1.0,
-                   "parallel": "fsdp", "warmup_steps": 1, "lr_schedule": "constant", "stop_after_steps": stop},
-            model={"feedback_jitter": 0.02},
-        )
+        return _raw("fsdp", stop_after_steps=stop)
 
     single = train(build_config(raw()), tmp_path / "single", data_dir=parity_data)
     assert single.finished
@@ -96,12 +107,22 @@ def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data
     partial = tmp_path / "two_one" / "checkpoints" / ".tmp-step_00000004" / "dcp"
     partial.mkdir(parents=True)
     (partial / "__0_0.distcp").write_bytes(b"partial")
+    shutil.copytree(tmp_path / "two_one", tmp_path / "two_two")
     resumed = train(build_config(raw()), tmp_path / "two_one", data_dir=parity_data, resume=True)
     assert resumed.finished and resumed.steps == STEPS
     # 1 -> 2: stopped after the first step (K = 1: the fusion weights have no optimizer state yet), resumed
     # under torchrun with 2 processes.
     train(build_config(raw(stop=1)), tmp_path / "one_two", data_dir=parity_data)
     _torchrun(write_yaml(tmp_path / "full.yaml", raw()), tmp_path / "one_two", parity_data, "--resume")
+    # 2 -> 2
+    _torchrun(tmp_path / "full.yaml", tmp_path / "two_two", parity_data, "--resume")
+
+    uninterrupted = read_metrics(fsdp_two_processes)
+    assert [(r["loss"], r["pass_losses"], r["grad_norm"]) for r in read_metrics(tmp_path / "two_two")] == [
+        (r["loss"], r["pass_losses"], r["grad_norm"]) for r in uninterrupted]
+    theirs = read_model_weights(list_checkpoints(tmp_path / "two_two")[-1] / "model")
+    ours = read_model_weights(list_checkpoints(fsdp_two_processes)[-1] / "model")
+    assert all(torch.equal(theirs[k], ours[k]) for k in ours)
 
     weights = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
     for run in ("two_one", "one_two"):
