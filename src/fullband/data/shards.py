@@ -9,6 +9,8 @@ Layout of a prepared directory:
     train_mask.bin           record formats only (chat, prompt_answer): uint8 per token, 1 = a training
                              target (assistant turns, answers); without it every token is a target
     val_000.bin, val_docs.npy, val_mask.bin
+    units/                   only while preparing: plan.json and one directory per finished work unit,
+                             kept by an interrupted prepare for the next one to resume (see prepare_dataset)
 
 Document starts are kept because the model treats them specially (a document start is a plain position,
 no state crosses a document boundary, see docs/method.md), even when documents are packed back to back.
