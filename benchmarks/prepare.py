@@ -133,6 +133,22 @@ def child(args: argparse.Namespace) -> None:
                       "main_rss": main_rss, "cold_start_s": cold, "stitch_s": stitch[0]}))
 
 
+BUSY = [sys.executable, "-c", "sum(range(5 * 10**7))"]  # ~1 s of one core, no I/O
+
+
+def available_speedup() -> float:
+    """How much faster two independent CPU-bound processes finish than one, right now: 2.0 on two idle cores,
+    less when other jobs share them. The workers' speed-up is read against it."""
+    t0 = time.perf_counter()
+    subprocess.run(BUSY, check=True)
+    one = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pair = [subprocess.Popen(BUSY) for _ in range(2)]
+    for proc in pair:
+        proc.wait()
+    return 2 * one / (time.perf_counter() - t0)
+
+
 def measure(source: str, tokenizer: str, workers: int, out: Path) -> dict:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, __file__, "--child", "--source", source, "--tokenizer", tokenizer,
@@ -147,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a 2 MB corpus and one repeat (smoke test)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved repeats of each throughput run (default 3)")
-    p.add_argument("--corpus-mb", type=float, default=None, help="size of the 1x corpus (default 16)")
+    p.add_argument("--corpus-mb", type=float, default=None,
+                   help="size of the 1x corpus (default 16: all of the stdlib's .py files, about 12 MB)")
     p.add_argument("--json", help="where to write the results (default benchmarks/results/prepare.json, "
                    "prepare_quick.json with --quick)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -172,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
         bpe_train_s = time.perf_counter() - t0  # trains on the train split, then tokenizes: an upper bound
         tokenizers = {"byte": "byte", "bpe": str(bpe.path / "tokenizer")}
         runs: dict[str, list[dict]] = {}
+        available = []
         for _ in range(repeats):
+            available.append(available_speedup())
             for name, tok in tokenizers.items():
                 for workers in (1, 2):
                     runs.setdefault(f"{name}/{workers}", []).append(
@@ -203,11 +222,14 @@ def main(argv: list[str] | None = None) -> None:
                 for key, r in memory.items()]
     result = {"command": command, "machine": machine, "corpus": {"1x_files": n1, "1x_bytes": b1, "10x_files": n10,
               "10x_bytes": b10, "what": "Python stdlib .py files as JSON Lines documents"},
-              "repeats": repeats, "bpe_vocab_size": 8192, "bpe_prepare_with_training_s": bpe_train_s,
+              "repeats": repeats, "available_speedup_2_processes": available,
+              "bpe_vocab_size": 8192, "bpe_prepare_with_training_s": bpe_train_s,
               "throughput": rows, "memory": mem_rows}
     print(f"# fullband prepare\n\ncommand: `{command}`\n")
     print(f"machine: {machine['cpu_count']} cores visible, Python {machine['python']}, load average at end "
-          f"{machine['load_average_at_end'][0]:.1f}; corpus 1x = {b1 / 2**20:.1f} MB in {n1} .jsonl files\n")
+          f"{machine['load_average_at_end'][0]:.1f}; corpus 1x = {b1 / 2**20:.1f} MB in {n1} .jsonl files; two "
+          f"independent busy processes ran {statistics.median(available):.2f}x as fast as one (median of "
+          f"{', '.join(f'{a:.2f}' for a in available)}; 2.00 = two free cores)\n")
     print("| tokenizer | workers | tokens | median s | tokens/s | text MB/s | speed-up vs 1 | stitching s "
           "| pool cold start s |")
     print("|---|---|---|---|---|---|---|---|---|")
