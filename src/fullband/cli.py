@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,7 +41,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def cmd_prepare(args: argparse.Namespace) -> None:
 
     config = config_from_args(args)
-    dataset = prepare_dataset(config.data, args.out, overwrite=args.overwrite)
+    # Progress of a long prepare (work units tokenized or kept on resume, splits written) on stderr.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("prepare: %(message)s"))
+    data_log = logging.getLogger("fullband.data")
+    data_log.addHandler(handler)
+    data_log.setLevel(logging.INFO)
+    try:
+        dataset = prepare_dataset(config.data, args.out, overwrite=args.overwrite, workers=args.workers)
+    finally:
+        data_log.removeHandler(handler)
     for name, info in dataset.manifest["splits"].items():
         print(f"{name}: {info['tokens']:,} tokens in {info['documents']:,} documents")
     print(f"tokenizer: {dataset.manifest['tokenizer']['kind']} (vocab {dataset.vocab_size}); wrote {args.out}")
@@ -137,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_options(p)
     p.add_argument("--out", required=True, metavar="DIR", help="output directory of the prepared dataset")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset prepared from another config")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="tokenizing processes (default 1); the output is the same bytes for any N. Re-running "
+                        "after an interruption keeps the finished work units")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train with the scheduled multi-pass objective (torchrun for several processes)")

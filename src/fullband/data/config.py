@@ -29,8 +29,8 @@ class DataConfig:
     """Where the text comes from and how it becomes tokens.
 
     source: "pystdlib" (the Python standard library of this interpreter), "synthetic:<task>", one or
-        more comma-separated paths/globs of .txt/.jsonl/.parquet files or directories (a directory
-        written by `datasets`' save_to_disk is loaded as such), or "hf:<name>[:<config>]".
+        more comma-separated paths/globs of .txt/.jsonl/.jsonl.gz/.jsonl.zst/.parquet files or directories
+        (a directory written by `datasets`' save_to_disk is loaded as such), or "hf:<name>[:<config>]".
     text_field: the field/column holding the text in .jsonl, .parquet and `datasets` sources.
     tokenizer: "byte", "bpe" (trained on the training text) or a local Hugging Face tokenizer dir.
     max_train_bytes: use at most this many bytes of training text (and a proportional amount of
@@ -68,7 +68,7 @@ class DataConfig:
         if not self.source.strip():
             raise ConfigError(
                 "data.source is empty. Use 'pystdlib', 'synthetic:<task>', a path or glob of "
-                ".txt/.jsonl/.parquet files, a save_to_disk directory, or 'hf:<name>[:<config>]'."
+                ".txt/.jsonl(.gz/.zst)/.parquet files, a save_to_disk directory, or 'hf:<name>[:<config>]'."
             )
         if self.source.startswith("synthetic:"):
 

@@ -9,6 +9,8 @@ Layout of a prepared directory:
     train_mask.bin           record formats only (chat, prompt_answer): uint8 per token, 1 = a training
                              target (assistant turns, answers); without it every token is a target
     val_000.bin, val_docs.npy, val_mask.bin
+    units/                   only while preparing: plan.json and one directory per finished work unit,
+                             kept by an interrupted prepare for the next one to resume (see prepare_dataset)
 
 Document starts are kept because the model treats them specially (a document start is a plain position,
 no state crosses a document boundary, see docs/method.md), even when documents are packed back to back.
@@ -17,12 +19,17 @@ With ``isolate_documents`` (manifest) packed documents also do not attend to eac
 
 from __future__ import annotations
 
+import array
+import contextlib
 import hashlib
+import itertools
 import json
 import logging
+import multiprocessing
+import multiprocessing.context
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +41,16 @@ from fullband.data.config import DATA_FORMAT_VERSION, DataConfig
 from fullband.data.sources import (
     SPLITS,
     SplitStats,
+    Unit,
+    byte_cap,
     describe_source,
+    document_bytes,
     isolates_documents,
     iter_documents,
+    plan_units,
     resolve_format,
+    split_of,
+    unit_documents,
 )
 from fullband.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from fullband.errors import ConfigError, DataError
@@ -49,6 +62,13 @@ TOKENIZER_DIR = "tokenizer"
 DEFAULT_SHARD_TOKENS = 64 * 2**20
 IGNORE_INDEX = -100  # a target that is not trained on (FullBandLM.multipass's ignore_index)
 _ENCODE_BATCH_BYTES = 4 * 2**20  # text handed to the tokenizer at once: big enough for batch speed
+# Input per work unit: big enough that per-unit costs (a process hand-off, a few files) vanish, small enough
+# that a 2-core laptop and a 64-core server both get many units, and that a resume loses little.
+DEFAULT_UNIT_BYTES = 64 * 2**20
+UNITS_DIR = "units"  # work in progress: plan.json and one directory per finished unit; removed at the end
+PLAN = "plan.json"
+UNIT_RECORD = "unit.json"
+_COPY_CHUNK = 2**24  # items copied at once when stitching units into shards
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -115,53 +135,257 @@ class _ShardWriter:
         return self.shards
 
 
-def _text_batches(docs: Iterator[tuple[str, str]]) -> Iterator[list[str]]:
-    batch, size = [], 0
-    for _, text in docs:
-        batch.append(text)
-        size += len(text)
-        if size >= _ENCODE_BATCH_BYTES:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+# --- Work units: tokenized one by one (in parallel), stitched in order --------------------------------
+
+class _UnitPiece:
+    """One split's output of one work unit, in the unit's directory: framed tokens (<split>.bin), the local
+    offset and UTF-8 size of every document (<split>_docs.npy, <split>_bytes.npy; the sizes let the stitcher
+    apply max_train_bytes exactly where a sequential pass would) and, for records, the loss mask."""
+
+    def __init__(self, directory: Path, split: str, dtype: np.dtype, records: bool) -> None:
+        self.directory, self.split, self.dtype = directory, split, dtype
+        self.tokens = open(directory / f"{split}.bin", "wb")
+        self.mask = open(directory / f"{split}_mask.bin", "wb") if records else None
+        # Compact (8 bytes a document): a unit of short documents has hundreds of thousands of them.
+        self.starts = array.array("q")
+        self.sizes = array.array("q")
+        self.skipped_at: list[int] = []  # documents before each unreadable file (counted up to a byte cap)
+        self.total = 0
+        self._batch: list[str] = []
+        self._batch_chars = 0
+
+    def add_text(self, tok: Tokenizer, text: str) -> None:
+        self._batch.append(text)
+        self.sizes.append(len(text.encode("utf-8")))
+        self._batch_chars += len(text)
+        if self._batch_chars >= _ENCODE_BATCH_BYTES:
+            self._flush(tok)
+
+    def add_record(self, tok: Tokenizer, record: dict) -> None:
+        ids, mask = encode_record(tok, record)
+        self.starts.append(self.total)
+        self.sizes.append(document_bytes(record))
+        self._write(np.asarray(ids, dtype=np.int64))
+        self.mask.write(np.asarray(mask, dtype=np.uint8).tobytes())
+
+    def skip(self) -> None:
+        self.skipped_at.append(len(self.sizes))
+
+    def _flush(self, tok: Tokenizer) -> None:
+        if not self._batch:
+            return
+        framed, offsets = frame_texts(tok, self._batch, self.dtype)
+        self.starts.extend((offsets + self.total).tolist())
+        self._write(framed)
+        self._batch, self._batch_chars = [], 0
+
+    def _write(self, tokens: np.ndarray) -> None:
+        self.tokens.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self.total += len(tokens)
+
+    def close(self, tok: Tokenizer) -> dict:
+        self._flush(tok)
+        for f in [self.tokens] + ([self.mask] if self.mask else []):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        np.save(self.directory / f"{self.split}_docs.npy", np.asarray(self.starts, dtype=np.int64))
+        np.save(self.directory / f"{self.split}_bytes.npy", np.asarray(self.sizes, dtype=np.int64))
+        names = [self.split + suffix for suffix in _PIECE_SUFFIXES if (self.directory / (self.split + suffix)).exists()]
+        return {"tokens": self.total, "documents": len(self.sizes), "text_bytes": sum(self.sizes),
+                "skipped_at": self.skipped_at,
+                "files": {n: {"bytes": (self.directory / n).stat().st_size, "sha256": _sha256_file(self.directory / n)}
+                          for n in names}}
 
 
-def _write_records(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, writer: _ShardWriter, stats: SplitStats,
-                   mask_path: Path) -> list[np.ndarray]:
-    """Chat / prompt_answer records: framed ids into the shards, their loss mask into `mask_path`."""
-
-    starts = []
-    with open(mask_path, "wb") as mask_file:
-        for _, record in iter_documents(cfg, split, stats, fmt):
-            ids, mask = encode_record(tok, record)
-            starts.append(np.array([writer.total], dtype=np.int64))
-            writer.write(np.asarray(ids, dtype=np.int64))
-            mask_file.write(np.asarray(mask, dtype=np.uint8).tobytes())
-        mask_file.flush()
-        os.fsync(mask_file.fileno())
-    return starts
+_PIECE_SUFFIXES = (".bin", "_mask.bin", "_docs.npy", "_bytes.npy")
 
 
-def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, shard_tokens: int,
-                 fmt: str = "text") -> dict:
+def frame_texts(tok: Tokenizer, texts: list[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The documents encoded and framed as [bos] + tokens + [eos], back to back, and each one's offset."""
+    encoded = tok.encode_batch(texts)
+    lengths = np.array([len(ids) + 2 for ids in encoded], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    framed = np.empty(int(lengths.sum()), dtype=dtype)
+    framed[offsets] = tok.bos_id
+    framed[offsets + lengths - 1] = tok.eos_id
+    for off, ids in zip(offsets, encoded):
+        framed[off + 1 : off + 1 + len(ids)] = ids
+    return framed, offsets
+
+
+def tokenize_unit(cfg: DataConfig, unit: Unit, fmt: str, tok: Tokenizer, unit_dir: Path) -> dict:
+    """Tokenize one work unit into `unit_dir` (both splits) and return its record (unit.json).
+
+    Written into a temporary directory that is renamed only once everything, unit.json last, is on disk:
+    a unit directory that exists is finished (resume still verifies its checksums)."""
+    tmp = unit_dir.with_name(unit_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    dtype = token_dtype(tok.vocab_size)
+    pieces = {split: _UnitPiece(tmp, split, dtype, records=fmt != "text") for split in SPLITS}
+    for doc_id, doc, doc_split in unit_documents(cfg, unit, fmt):
+        piece = pieces[doc_split or split_of(doc_id, cfg.val_fraction)]
+        if doc is None:
+            piece.skip()
+        elif isinstance(doc, dict):
+            piece.add_record(tok, doc)
+        elif doc:
+            piece.add_text(tok, doc)
+    info = {"unit": unit, "splits": {split: piece.close(tok) for split, piece in pieces.items()}}
+    _fsync_write(tmp / UNIT_RECORD, (json.dumps(info) + "\n").encode())
+    shutil.rmtree(unit_dir, ignore_errors=True)
+    os.replace(tmp, unit_dir)
+    return info
+
+
+def _verified_unit(unit_dir: Path, unit: Unit) -> dict | None:
+    """The record of a finished unit whose files are all present with their recorded size and sha256."""
+    try:
+        info = json.loads((unit_dir / UNIT_RECORD).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(info, dict) or info.get("unit") != unit:
+        return None
+    for piece in info["splits"].values():
+        for name, entry in piece["files"].items():
+            path = unit_dir / name
+            if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256_file(path) != entry["sha256"]:
+                return None
+    return info
+
+
+# Per worker process: tokenizers loaded once, by directory.
+_WORKER_TOKENIZERS: dict[str, Tokenizer] = {}
+
+
+def _worker_init() -> None:
+    # One process per core: the Rust tokenizer's own thread pool would only oversubscribe the cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _unit_task(task: tuple[dict, Unit, str, str, str]) -> dict:
+    cfg, unit, fmt, tok_dir, unit_dir = task
+    if tok_dir not in _WORKER_TOKENIZERS:
+        _WORKER_TOKENIZERS[tok_dir] = load_tokenizer(tok_dir)
+    return tokenize_unit(DataConfig.from_dict(cfg), unit, fmt, _WORKER_TOKENIZERS[tok_dir], Path(unit_dir))
+
+
+def _process_context() -> multiprocessing.context.BaseContext:
+    """forkserver where there is one (workers fork from a clean server that imported this module once: no
+    locks or threads inherited from the caller, e.g. a trained BPE tokenizer's), else spawn."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _tokenize_units(cfg: DataConfig, units: list[Unit], fmt: str, out_dir: Path, workers: int,
+                    done: dict[int, dict], tok: Tokenizer) -> list[dict]:
+    """The records of the units in order: finished ones from `done`, the others tokenized (by `workers`
+    processes), up to the unit where both splits reach their byte cap, if they have one."""
+    units_dir = out_dir / UNITS_DIR
+    caps = {split: byte_cap(cfg, split) for split in SPLITS}
+    seen = dict.fromkeys(SPLITS, 0)
+    tasks = ((cfg.to_dict(), units[i], fmt, str(out_dir / TOKENIZER_DIR), str(units_dir / _unit_name(i)))
+             for i in range(len(units)) if i not in done)
+    infos: list[dict] = []
+    pool = _process_context().Pool(workers, initializer=_worker_init) if workers > 1 and len(units) > 1 else None
+    finished = False
+    try:
+        # imap keeps unit order; a single process reads the units itself, with the tokenizer in memory.
+        results = pool.imap(_unit_task, tasks) if pool else (
+            tokenize_unit(cfg, unit, fmt, tok, Path(unit_dir)) for _, unit, _, _, unit_dir in tasks)
+        for i in range(len(units)):
+            if all(caps[s] is not None and seen[s] >= caps[s] for s in SPLITS):
+                break  # the rest of the corpus is past both caps: not read at all
+            infos.append(done[i] if i in done else next(results))
+            for split in SPLITS:
+                seen[split] += infos[-1]["splits"][split]["text_bytes"]
+            log.info("unit %d/%d %s", i + 1, len(units), "kept" if i in done else "tokenized")
+        finished = len(infos) == len(units)
+    finally:
+        if pool is not None:
+            # Workers that are done exit on their own (their libraries clean up); after an error, or with
+            # units still running past a byte cap, they are stopped.
+            if finished:
+                pool.close()
+            else:
+                pool.terminate()
+            pool.join()
+    return infos
+
+
+def _cap_cut(sizes: np.ndarray, used: int, cap: int | None, records: bool) -> int | None:
+    """Index of the document of a unit at which `iter_documents` stops for the byte cap, or None. A text
+    stops at the document that reaches the cap (it is cut), a record at the one that would exceed it."""
+    if cap is None:
+        return None
+    cut = int(np.searchsorted(used + np.cumsum(sizes), cap, side="right" if records else "left"))
+    return cut if cut < len(sizes) else None
+
+
+def _nth_document(cfg: DataConfig, unit: Unit, fmt: str, split: str, n: int) -> str:
+    """The n-th non-empty document of `split` in a unit (the one a byte cap cuts), read again."""
+    docs = ((doc_id, doc) for doc_id, doc, doc_split in unit_documents(cfg, unit, fmt, only=split)
+            if doc and (doc_split or split_of(doc_id, cfg.val_fraction)) == split)
+    return next(itertools.islice(docs, n, None))[1]
+
+
+def _copy_prefix(src: Path, dtype: np.dtype, count: int, sink: Callable[[np.ndarray], object]) -> None:
+    """Stream the first `count` items of a unit file into `sink`, a bounded chunk at a time."""
+    with open(src, "rb") as f:
+        while count > 0:
+            chunk = np.fromfile(f, dtype=dtype, count=min(count, _COPY_CHUNK))
+            if not len(chunk):
+                raise DataError(f"{src} ended early; delete {src.parent} and re-run `fullband prepare`.")
+            sink(chunk)
+            count -= len(chunk)
+
+
+def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units: list[Unit], infos: list[dict],
+                    out_dir: Path, shard_tokens: int) -> dict:
+    """Concatenate the units' pieces of one split, in unit order, into shards of shard_tokens tokens (the
+    layout a sequential pass writes), applying the byte cap where `iter_documents` would."""
     stats = SplitStats()
     writer = _ShardWriter(out_dir, split, token_dtype(tok.vocab_size), shard_tokens)
     starts: list[np.ndarray] = []
+    records, cap = fmt != "text", byte_cap(cfg, split)
     mask_file = f"{split}_mask.bin"
-    if fmt != "text":
-        starts = _write_records(cfg, split, fmt, tok, writer, stats, out_dir / mask_file)
-    for texts in _text_batches(iter_documents(cfg, split, stats) if fmt == "text" else iter(())):
-        encoded = tok.encode_batch(texts)
-        lengths = np.array([len(ids) + 2 for ids in encoded], dtype=np.int64)
-        doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        framed = np.empty(int(lengths.sum()), dtype=writer.dtype)
-        framed[doc_offsets] = tok.bos_id
-        framed[doc_offsets + lengths - 1] = tok.eos_id
-        for off, ids in zip(doc_offsets, encoded):
-            framed[off + 1 : off + 1 + len(ids)] = ids
-        starts.append(doc_offsets + writer.total)
-        writer.write(framed)
+    with contextlib.ExitStack() as stack:
+        mask = stack.enter_context(open(out_dir / mask_file, "wb")) if records else None
+        for index, info in enumerate(infos):
+            piece, unit_dir = info["splits"][split], out_dir / UNITS_DIR / _unit_name(index)
+            sizes = np.load(unit_dir / f"{split}_bytes.npy")
+            local = np.load(unit_dir / f"{split}_docs.npy")
+            cut = _cap_cut(sizes, stats.text_bytes, cap, records)
+            keep = len(sizes) if cut is None else cut
+            count = piece["tokens"] if cut is None else int(local[cut])
+            starts.append(local[:keep] + writer.total)
+            _copy_prefix(unit_dir / f"{split}.bin", writer.dtype, count, writer.write)
+            if mask is not None:
+                _copy_prefix(unit_dir / mask_file, np.dtype(np.uint8), count, lambda m: mask.write(m.tobytes()))
+            stats.documents += keep
+            stats.text_bytes += int(sizes[:keep].sum())
+            stats.skipped_files += sum(1 for k in piece["skipped_at"] if k <= keep)
+            if cut is None:
+                continue
+            if not records:  # the text that reaches the cap is cut to fit (a synthetic example is dropped)
+                data = _nth_document(cfg, units[index], fmt, split, cut).encode("utf-8")
+                room = cap - stats.text_bytes
+                text = "" if cfg.source.startswith("synthetic:") and len(data) > room else \
+                    data[:room].decode("utf-8", errors="ignore")
+                if text:
+                    framed, _ = frame_texts(tok, [text], writer.dtype)
+                    starts.append(np.array([writer.total], dtype=np.int64))
+                    writer.write(framed)
+                    stats.documents += 1
+                    stats.text_bytes += len(text.encode("utf-8"))
+            break
+        if mask is not None:
+            mask.flush()
+            os.fsync(mask.fileno())
     shards = writer.close()
     if stats.documents == 0:
         raise DataError(
@@ -177,7 +401,7 @@ def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, sha
     log.info("%s: %d documents, %d tokens, %d shard(s), %d files skipped", split, stats.documents,
              writer.total, len(shards), stats.skipped_files)
     extra = {}
-    if fmt != "text":
+    if records:
         extra["loss_mask"] = {"file": mask_file, "bytes": (out_dir / mask_file).stat().st_size,
                               "sha256": _sha256_file(out_dir / mask_file)}
     return {
@@ -192,28 +416,63 @@ def _write_split(cfg: DataConfig, split: str, tok: Tokenizer, out_dir: Path, sha
     }
 
 
-def _remove_outputs(out_dir: Path) -> None:
-    """Delete what a previous (possibly interrupted) prepare wrote: only our own file names."""
+def _unit_name(index: int) -> str:
+    return f"u{index:06d}"
+
+
+def _remove_outputs(out_dir: Path, keep_work: bool = False) -> None:
+    """Delete what a previous (possibly interrupted) prepare wrote: only our own file names. `keep_work`
+    keeps the tokenizer and the finished work units, which a resumed prepare reuses after checking them."""
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for split in SPLITS:
         for p in [*out_dir.glob(f"{split}_[0-9][0-9][0-9].bin"), out_dir / f"{split}_docs.npy",
                   out_dir / f"{split}_mask.bin"]:
             p.unlink(missing_ok=True)
     (out_dir / (MANIFEST + ".tmp")).unlink(missing_ok=True)
-    shutil.rmtree(out_dir / TOKENIZER_DIR, ignore_errors=True)
+    if not keep_work:
+        shutil.rmtree(out_dir / TOKENIZER_DIR, ignore_errors=True)
+        shutil.rmtree(out_dir / UNITS_DIR, ignore_errors=True)
+    for tmp in (out_dir / UNITS_DIR).glob("*.tmp"):  # units a killed worker left half-written
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _resumable(out_dir: Path, plan: dict) -> tuple[Tokenizer | None, dict[int, dict]]:
+    """The tokenizer and verified finished units of an interrupted prepare of the same plan, if any."""
+    try:
+        old = json.loads((out_dir / UNITS_DIR / PLAN).read_text())
+        tok = load_tokenizer(out_dir / TOKENIZER_DIR)
+    except (OSError, json.JSONDecodeError, DataError):
+        return None, {}
+    if {k: v for k, v in old.items() if k != "tokenizer"} != plan or old.get("tokenizer") != tok.fingerprint():
+        log.info("%s holds work units of another plan (config or corpus changed): starting over", out_dir)
+        return None, {}
+    done = {}
+    for i, unit in enumerate(plan["units"]):
+        info = _verified_unit(out_dir / UNITS_DIR / _unit_name(i), unit)
+        if info is not None:
+            done[i] = info
+    return tok, done
 
 
 def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = False,
-                    shard_tokens: int = DEFAULT_SHARD_TOKENS) -> PreparedDataset:
+                    shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 1,
+                    unit_bytes: int = DEFAULT_UNIT_BYTES) -> PreparedDataset:
     """Tokenize the corpus of `cfg` into `out_dir`, or reuse it if it was already prepared from `cfg`.
 
     Reuse is decided by the config fingerprint in the manifest; a complete dataset made from a
     different config is never silently replaced (DataError). `overwrite=True` always rebuilds, which
     is also the way to repair a damaged dataset. Run it on one process only (rank 0) in a
     distributed job, and let the others `open_dataset` after a barrier.
+
+    The corpus is cut into work units of about `unit_bytes` of input (`plan_units`), tokenized by `workers`
+    processes into units/ and stitched in unit order, so the output is the same bytes for any `workers`.
+    Memory is bounded by a unit's encode batch per worker, not by the corpus. An interrupted prepare
+    resumes: finished units whose checksums verify are kept, the rest are tokenized again.
     """
     if shard_tokens < 1:
         raise ConfigError(f"shard_tokens={shard_tokens} must be positive.")
+    if workers < 1:
+        raise ConfigError(f"workers={workers} must be at least 1 (the number of tokenizing processes).")
     out_dir = Path(out_dir)
     fingerprint = cfg.fingerprint()
     if (out_dir / MANIFEST).is_file() and not overwrite:
@@ -229,13 +488,23 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
             "directory, or pass overwrite (--overwrite) to replace it."
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    _remove_outputs(out_dir)
+    _remove_outputs(out_dir, keep_work=not overwrite)
 
-    log.info("preparing %s from %s (tokenizer %s)", out_dir, cfg.source, cfg.tokenizer)
+    log.info("preparing %s from %s (tokenizer %s, %d worker(s))", out_dir, cfg.source, cfg.tokenizer, workers)
     fmt = resolve_format(cfg)
-    tok = build_tokenizer(cfg, _training_texts(cfg, fmt), chat=fmt == "chat")
-    splits = {split: _write_split(cfg, split, tok, out_dir, shard_tokens, fmt) for split in SPLITS}
-    tok.save(out_dir / TOKENIZER_DIR)
+    units = plan_units(cfg, unit_bytes)
+    plan = {"data_fingerprint": fingerprint, "format": fmt, "units": units}
+    tok, done = _resumable(out_dir, plan)
+    if tok is None:
+        _remove_outputs(out_dir)
+        tok = build_tokenizer(cfg, _training_texts(cfg, fmt), chat=fmt == "chat")
+        tok.save(out_dir / TOKENIZER_DIR)
+        (out_dir / UNITS_DIR).mkdir()
+        _fsync_write(out_dir / UNITS_DIR / PLAN, json.dumps({**plan, "tokenizer": tok.fingerprint()}).encode())
+    else:
+        log.info("resuming: %d of %d work units finished and verified", len(done), len(units))
+    infos = _tokenize_units(cfg, units, fmt, out_dir, workers, done, tok)
+    splits = {split: _assemble_split(cfg, split, fmt, tok, units, infos, out_dir, shard_tokens) for split in SPLITS}
     manifest = {
         "format": "fullband-dataset",
         "version": DATA_FORMAT_VERSION,
@@ -260,6 +529,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
             os.fsync(fd)
         finally:
             os.close(fd)
+    shutil.rmtree(out_dir / UNITS_DIR, ignore_errors=True)  # committed: the work units are no longer needed
     return PreparedDataset(out_dir, manifest, tok)
 
 

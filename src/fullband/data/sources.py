@@ -14,7 +14,9 @@ records into tokens and a loss mask.
 from __future__ import annotations
 
 import glob
+import gzip
 import hashlib
+import io
 import json
 import os
 import platform
@@ -28,7 +30,8 @@ from fullband.data.synthetic import Example, SyntheticTask, get_task, synthetic_
 from fullband.errors import ConfigError, DataError
 
 SPLITS = ("train", "val")
-FILE_SUFFIXES = (".txt", ".jsonl", ".parquet")
+# File kinds by name ending; compressed JSON Lines are streamed (read in one pass, never whole).
+FILE_SUFFIXES = (".txt", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet")
 # Directories of the standard library that are not ordinary library code: tests (some with
 # deliberately broken encodings or syntax), third-party packages and build leftovers.
 _STDLIB_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
@@ -164,24 +167,15 @@ def describe_source(cfg: DataConfig) -> dict:
 
 
 def _raw_documents(cfg: DataConfig, split: str, fmt: str) -> Iterator[RawDoc]:
-    # Whole-file documents of the other split are not even read.
-    def wanted(doc_id: str) -> bool:
-        return split_of(doc_id, cfg.val_fraction) == split
-
-    if cfg.source == "pystdlib":
-        yield from _pystdlib_documents(wanted)
-    elif cfg.source.startswith("synthetic:"):
-        yield from _synthetic_documents(cfg, split, fmt)
-    elif cfg.source.startswith("hf:"):
-        yield from _hf_documents(cfg, fmt)
-    else:
-        yield from _path_documents(cfg, wanted, fmt)
+    # The same work units as a parallel prepare reads, one after the other, so the two cannot disagree.
+    for unit in plan_units(cfg):
+        yield from unit_documents(cfg, unit, fmt, only=split)
 
 
 def _all_text_files(cfg: DataConfig) -> bool:
     if cfg.source == "pystdlib" or cfg.source.startswith(("synthetic:", "hf:")):
         return False
-    return all(p.suffix == ".txt" for p in _resolve_paths(cfg.source))
+    return all(file_kind(p) == ".txt" for p in _resolve_paths(cfg.source))
 
 
 def _first_record_keys(cfg: DataConfig) -> set[str]:
@@ -206,12 +200,10 @@ def _first_record_keys(cfg: DataConfig) -> set[str]:
             if isinstance(ds, datasets.DatasetDict):
                 ds = ds[next(iter(ds.keys()))]
             return set(ds.column_names or [])
-        if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
-            return set(pq.ParquetFile(path).schema_arrow.names)
-        if path.suffix == ".jsonl":
-            with open(path, "rb") as f:
+        if file_kind(path) == ".parquet":
+            return set(_parquet_file(path).schema_arrow.names)
+        if file_kind(path) != ".txt":
+            with _open_jsonl(path) as f:
                 for lineno, raw in enumerate(f, start=1):
                     if raw.strip():
                         try:
@@ -252,6 +244,89 @@ def structured_record(record: object, fmt: str, where: str) -> dict:
     return {"messages": clean}
 
 
+# --- Work units ----------------------------------------------------------------------------------
+# A source is cut into work units: deterministic pieces in document order (groups of small files, a byte
+# range of a big .jsonl, row groups of a Parquet file, row ranges of a `datasets` split). Each unit is read
+# on its own, so `fullband prepare --workers N` tokenizes units in parallel and stitches their outputs in
+# unit order. Units depend only on the corpus (file names, sizes, metadata) and unit_bytes, never on N.
+
+# A JSON-serialisable description of one unit ("kind" plus what locates it); the resume plan stores them.
+Unit = dict
+
+
+def plan_units(cfg: DataConfig, unit_bytes: int | None = None) -> list[Unit]:
+    """The work units of `cfg.source` in document order, each of about `unit_bytes` of input (None: one
+    unit per file or `datasets` split). Reads only names, sizes and metadata, except that a .jsonl file
+    larger than a unit is scanned once for line starts (its ids are line numbers)."""
+    if unit_bytes is not None and unit_bytes < 1:
+        raise ConfigError(f"unit_bytes={unit_bytes} must be positive.")
+    if cfg.source == "pystdlib":
+        root, files = pystdlib_files()
+        if not files:
+            raise DataError(
+                f"Found no .py files in the Python standard library at {root}; this interpreter ships "
+                "without its library sources. Use another data.source (e.g. a path to .txt files)."
+            )
+        sizes = [(root / f).stat().st_size for f in files]
+        return [{"kind": "pystdlib", "files": group} for group in _group_by_size(files, sizes, unit_bytes)]
+    if cfg.source.startswith("synthetic:"):
+        return [{"kind": "synthetic"}]  # generated from seeds: small, and val must be drawn before train
+    if cfg.source.startswith("hf:"):
+        return [{"kind": "hf"}]  # a stream has no random access: read start to end as one unit
+    return _file_units(cfg.source, unit_bytes)
+
+
+def unit_documents(cfg: DataConfig, unit: Unit, fmt: str, only: str | None = None) -> Iterator[RawDoc]:
+    """The raw documents of one work unit in order; `only` (a split name) may skip, without reading them,
+    whole-file documents of the other split."""
+
+    def wanted(doc_id: str) -> bool:
+        return only is None or split_of(doc_id, cfg.val_fraction) == only
+
+    kind = unit["kind"]
+    if kind == "pystdlib":
+        yield from _pystdlib_documents(unit["files"], wanted)
+    elif kind == "synthetic":
+        for split in [only] if only else SPLITS:
+            yield from _synthetic_documents(cfg, split, fmt)
+    elif kind == "hf":
+        yield from _hf_documents(cfg, fmt)
+    elif kind == "single_txt":
+        yield from _single_text_documents(Path(unit["path"]), cfg.val_fraction)
+    elif kind == "txt_files":
+        for path, rel in zip(map(Path, unit["paths"]), unit["rels"]):
+            if fmt != "text":
+                raise DataError(f"{path} is plain text, but data.format={fmt} needs records (.jsonl, .parquet or "
+                                "`datasets`); remove it from data.source or use data.format text.")
+            if wanted(rel):
+                yield rel, _decode(path.read_bytes(), path), None
+    elif kind == "jsonl":
+        yield from _jsonl_documents(Path(unit["path"]), unit["rel"], cfg.text_field, fmt,
+                                    unit["start"], unit["stop"], unit["line"])
+    elif kind == "parquet":
+        yield from _parquet_documents(Path(unit["path"]), unit["rel"], cfg.text_field, fmt,
+                                      range(*unit["row_groups"]), unit["first_row"])
+    elif kind == "saved":
+        yield from _saved_dataset_documents(unit, cfg.text_field, fmt)
+    else:
+        raise ValueError(f"unknown work unit kind {kind!r}")
+
+
+def _group_by_size(items: list, sizes: list[int], unit_bytes: int | None) -> list[list]:
+    """Consecutive items grouped so that each group but the last holds at least unit_bytes."""
+    if unit_bytes is None:
+        return [items] if items else []
+    groups: list[list] = [[]]
+    total = 0
+    for item, size in zip(items, sizes):
+        if total >= unit_bytes:
+            groups.append([])
+            total = 0
+        groups[-1].append(item)
+        total += size
+    return groups if groups[0] else []
+
+
 # --- Python standard library ---------------------------------------------------------------------
 
 def pystdlib_files() -> tuple[Path, list[str]]:
@@ -265,13 +340,8 @@ def pystdlib_files() -> tuple[Path, list[str]]:
     return root, sorted(files)
 
 
-def _pystdlib_documents(wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
-    root, files = pystdlib_files()
-    if not files:
-        raise DataError(
-            f"Found no .py files in the Python standard library at {root}; this interpreter ships "
-            "without its library sources. Use another data.source (e.g. a path to .txt files)."
-        )
+def _pystdlib_documents(files: list[str], wanted: Callable[[str], bool]) -> Iterator[RawDoc]:
+    root = Path(sysconfig.get_paths()["stdlib"])
     for rel in filter(wanted, files):
         try:
             yield rel, (root / rel).read_bytes().decode("utf-8"), None
@@ -315,6 +385,11 @@ def _synthetic_documents(cfg: DataConfig, split: str, fmt: str) -> Iterator[RawD
 
 # --- Local files ---------------------------------------------------------------------------------
 
+def file_kind(path: Path) -> str | None:
+    """The entry of FILE_SUFFIXES that `path`'s name ends with (None: not a supported file)."""
+    return next((suffix for suffix in FILE_SUFFIXES if path.name.endswith(suffix)), None)
+
+
 def _is_saved_dataset(path: Path) -> bool:
     return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
 
@@ -343,7 +418,7 @@ def _resolve_paths(source: str) -> list[Path]:
                 "(or 'pystdlib', 'synthetic:<task>', 'hf:<name>')."
             )
         if path.is_dir() and not _is_saved_dataset(path):
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in FILE_SUFFIXES)
+            found = sorted(p for p in path.rglob("*") if p.is_file() and file_kind(p))
             if not found:
                 raise DataError(
                     f"Directory {part!r} in data.source contains no {', '.join(FILE_SUFFIXES)} files and is "
@@ -353,37 +428,73 @@ def _resolve_paths(source: str) -> list[Path]:
         else:
             out.append(path)
     for p in out:
-        if p.is_file() and p.suffix not in FILE_SUFFIXES:
+        if p.is_file() and not file_kind(p):
             raise DataError(
                 f"Unsupported file type {p} in data.source: supported are {', '.join(FILE_SUFFIXES)} "
-                "(plain text, one JSON object per line, Parquet) and `datasets` save_to_disk directories."
+                "(plain text, JSON Lines plain or gzip/zstd-compressed, Parquet) and `datasets` save_to_disk "
+                "directories."
             )
     return list(dict.fromkeys(p.resolve() for p in out))
 
 
-def _path_documents(cfg: DataConfig, wanted: Callable[[str], bool], fmt: str) -> Iterator[RawDoc]:
-    paths = _resolve_paths(cfg.source)
-    if len(paths) == 1 and paths[0].suffix == ".txt":
-        yield from _single_text_documents(paths[0], cfg.val_fraction)
-        return
+def _file_units(source: str, unit_bytes: int | None) -> list[Unit]:
+    paths = _resolve_paths(source)
+    if len(paths) == 1 and file_kind(paths[0]) == ".txt":
+        return [{"kind": "single_txt", "path": str(paths[0])}]
     # Ids are relative to the files' common directory, so moving the corpus keeps the split.
     base = Path(os.path.commonpath([str(p) for p in paths]))
     if len(paths) == 1:
         base = base.parent
+    units: list[Unit] = []
+    texts: list[tuple[str, str]] = []  # a run of consecutive .txt files, grouped into units by size
+
+    def flush_texts() -> None:
+        for group in _group_by_size(texts, [Path(p).stat().st_size for p, _ in texts], unit_bytes):
+            units.append({"kind": "txt_files", "paths": [p for p, _ in group], "rels": [r for _, r in group]})
+        texts.clear()
+
     for path in paths:
-        rel = path.relative_to(base).as_posix()
+        rel, kind = path.relative_to(base).as_posix(), file_kind(path)
+        if kind == ".txt":
+            texts.append((str(path), rel))
+            continue
+        flush_texts()
         if path.is_dir():
-            yield from _saved_dataset_documents(path, rel, cfg.text_field, fmt)
-        elif path.suffix == ".txt":
-            if fmt != "text":
-                raise DataError(f"{path} is plain text, but data.format={fmt} needs records (.jsonl, .parquet or "
-                                "`datasets`); remove it from data.source or use data.format text.")
-            if wanted(rel):
-                yield rel, _decode(path.read_bytes(), path), None
-        elif path.suffix == ".jsonl":
-            yield from _jsonl_documents(path, rel, cfg.text_field, fmt)
+            units += _saved_dataset_units(path, rel, unit_bytes)
+        elif kind == ".parquet":
+            units += _parquet_units(path, rel, unit_bytes)
         else:
-            yield from _parquet_documents(path, rel, cfg.text_field, fmt)
+            # Compressed streams cannot be entered in the middle: one unit per file.
+            ranges = _jsonl_ranges(path, unit_bytes) if kind == ".jsonl" else [(0, None, 1)]
+            units += [{"kind": "jsonl", "path": str(path), "rel": rel, "start": start, "stop": stop, "line": line}
+                      for start, stop, line in ranges]
+    flush_texts()
+    return units
+
+
+def _jsonl_ranges(path: Path, unit_bytes: int | None) -> list[tuple[int, int | None, int]]:
+    """(start byte, stop byte, line number at start) of the units of a .jsonl file: each starts at the
+    first line start at or after the previous start + unit_bytes."""
+    size = path.stat().st_size
+    if unit_bytes is None or size <= unit_bytes:
+        return [(0, None, 1)]
+    starts = [(0, 1)]
+    target, base, newlines = unit_bytes, 0, 0  # newlines: in the file before `base`
+    with open(path, "rb") as f:
+        while chunk := f.read(2**24):
+            while target - 1 < base + len(chunk):
+                i = chunk.find(b"\n", max(target - 1 - base, 0))
+                if i < 0:
+                    break
+                start = base + i + 1
+                if start >= size:
+                    break
+                starts.append((start, newlines + chunk.count(b"\n", 0, i + 1) + 1))
+                target = start + unit_bytes
+            newlines += chunk.count(b"\n")
+            base += len(chunk)
+    stops = [s for s, _ in starts[1:]] + [None]
+    return [(start, stop, line) for (start, line), stop in zip(starts, stops)]
 
 
 def _single_text_documents(path: Path, val_fraction: float) -> Iterator[RawDoc]:
@@ -401,46 +512,108 @@ def _decode(data: bytes, path: Path, line: int | None = None, offset: int = 0) -
     except UnicodeDecodeError as e:
         where = f"{path}:{line}" if line is not None else str(path)
         raise DataError(
-            f"{where} is not valid UTF-8 (byte offset {offset + e.start} of the file). Convert the file to "
-            "UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove it from data.source."
+            f"{where} is not valid UTF-8 (byte offset {offset + e.start} of the "
+            f"{'decompressed ' if file_kind(path) in ('.jsonl.gz', '.jsonl.zst') else ''}file). Convert "
+            "the file to UTF-8 (e.g. `iconv -f latin1 -t utf-8`) or remove it from data.source."
         ) from None
 
 
-def _jsonl_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
-    offset = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            line = _decode(raw, path, lineno, offset).strip()
-            offset += len(raw)
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
-                                "must be one JSON object.") from None
-            if fmt != "text":
-                yield f"{rel}:{lineno}", structured_record(record, fmt, f"{path}:{lineno}"), None
-                continue
-            if not isinstance(record, dict) or field not in record:
-                raise DataError(
-                    f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
-                    "the text, or fix that line."
-                )
-            text = record[field]
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string.")
-            yield f"{rel}:{lineno}", text, None
+def _open_jsonl(path: Path) -> io.BufferedIOBase:
+    """A .jsonl file for reading bytes, decompressed on the fly if it is .jsonl.gz or .jsonl.zst."""
+    kind = file_kind(path)
+    if kind == ".jsonl.gz":
+        return gzip.open(path, "rb")
+    if kind == ".jsonl.zst":
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(
+                f"Reading {path} needs zstandard, which is not installed. Run: pip install 'fullband[data]'."
+            ) from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
 
 
-def _parquet_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
+def _read_errors(path: Path) -> tuple[type[Exception], ...]:
+    """What a damaged file raises while it is read (gzip: OSError/EOFError; zstd: its own error)."""
+    if file_kind(path) == ".jsonl.zst":
+        import zstandard
+
+        return OSError, EOFError, zstandard.ZstdError
+    return OSError, EOFError
+
+
+def _jsonl_documents(path: Path, rel: str, field: str, fmt: str, start: int = 0, stop: int | None = None,
+                     first_line: int = 1) -> Iterator[RawDoc]:
+    """The records of lines [start, stop) (bytes; every line starting before stop) of a JSON Lines file."""
+    offset = start
+    try:
+        with _open_jsonl(path) as f:
+            if start:  # only plain .jsonl units start inside a file; compressed streams cannot seek
+                f.seek(start)
+            for lineno, raw in enumerate(f, start=first_line):
+                if stop is not None and offset >= stop:
+                    break
+                line = _decode(raw, path, lineno, offset).strip()
+                offset += len(raw)
+                if not line:
+                    continue
+                yield _jsonl_record(line, path, lineno, rel, field, fmt)
+    except _read_errors(path) as e:
+        raise DataError(f"{path} could not be read after byte {offset} ({type(e).__name__}: {e}): the file is "
+                        "truncated, corrupt or not what its name says. Re-download it or remove it from "
+                        "data.source.") from e
+
+
+def _jsonl_record(line: str, path: Path, lineno: int, rel: str, field: str, fmt: str) -> RawDoc:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
+                        "must be one JSON object.") from None
+    if fmt != "text":
+        return f"{rel}:{lineno}", structured_record(record, fmt, f"{path}:{lineno}"), None
+    if not isinstance(record, dict) or field not in record:
+        raise DataError(
+            f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
+            "the text, or fix that line."
+        )
+    text = record[field]
+    if not isinstance(text, str):
+        raise DataError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string.")
+    return f"{rel}:{lineno}", text, None
+
+
+def _parquet_file(path: Path):
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(
             f"Reading {path} needs pyarrow, which is not installed. Run: pip install 'fullband[data]'."
         ) from None
-    pf = pq.ParquetFile(path)
+    try:
+        return pq.ParquetFile(path)
+    except Exception as e:
+        raise DataError(f"{path} is not a readable Parquet file ({type(e).__name__}: {e}). Re-download it or "
+                        "remove it from data.source.") from e
+
+
+def _parquet_units(path: Path, rel: str, unit_bytes: int | None) -> list[Unit]:
+    """Runs of whole row groups of about unit_bytes (uncompressed) each."""
+    meta = _parquet_file(path).metadata
+    sizes = [meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)]
+    units, first_row = [], 0
+    for group in _group_by_size(list(range(meta.num_row_groups)), sizes, unit_bytes):
+        units.append({"kind": "parquet", "path": str(path), "rel": rel, "row_groups": [group[0], group[-1] + 1],
+                      "first_row": first_row})
+        first_row += sum(meta.row_group(i).num_rows for i in group)
+    return units
+
+
+def _parquet_documents(path: Path, rel: str, field: str, fmt: str, row_groups: range | None = None,
+                       first_row: int = 0) -> Iterator[RawDoc]:
+    pf = _parquet_file(path)
+    row_groups = range(pf.metadata.num_row_groups) if row_groups is None else row_groups
     columns = pf.schema_arrow.names
     if fmt != "text":
         wanted = ["messages"] if fmt == "chat" else ["prompt", "answer"]
@@ -448,8 +621,8 @@ def _parquet_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[R
         if missing:
             raise DataError(f"{path} has no column {', '.join(missing)} (columns: {', '.join(columns)}), which "
                             f"data.format={fmt} needs.")
-        row = 0
-        for batch in pf.iter_batches(columns=wanted):
+        row = first_row
+        for batch in pf.iter_batches(row_groups=row_groups, columns=wanted):
             for record in batch.to_pylist():
                 yield f"{rel}:{row}", structured_record(record, fmt, f"{path} row {row}"), None
                 row += 1
@@ -458,8 +631,8 @@ def _parquet_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[R
         raise DataError(
             f"{path} has no column {field!r} (columns: {', '.join(columns)}). Set --data.text_field."
         )
-    row = 0
-    for batch in pf.iter_batches(columns=[field]):
+    row = first_row
+    for batch in pf.iter_batches(row_groups=row_groups, columns=[field]):
         for text in batch.column(0).to_pylist():
             if text is not None and not isinstance(text, str):
                 raise DataError(f"{path} row {row}: column {field!r} holds {type(text).__name__}, not text.")
@@ -479,47 +652,70 @@ def _import_datasets(what: str):
     return datasets
 
 
-def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None, fmt: str) -> Iterator[RawDoc]:
+def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None, fmt: str,
+                  first: int = 0) -> Iterator[RawDoc]:
+    """Rows of a (streaming) dataset; `first`: the row number of its first row in the whole split."""
     if fmt != "text":
-        for i, record in enumerate(ds):
+        for i, record in enumerate(ds, start=first):
             yield f"{id_prefix}{i}", structured_record(record, fmt, f"{origin} row {i}"), split
         return
     columns = ds.column_names
     if columns is not None and field not in columns:
         raise DataError(f"{origin} has no column {field!r} (columns: {', '.join(columns)}). "
                         "Set --data.text_field to the column holding the text.")
-    for i, record in enumerate(ds):
+    if columns is not None:
+        ds = ds.select_columns([field])  # decode only the text column
+    for i, record in enumerate(ds, start=first):
         text = record.get(field)
         if text is not None and not isinstance(text, str):
             raise DataError(f"{origin} row {i}: column {field!r} holds {type(text).__name__}, not text.")
         yield f"{id_prefix}{i}", text or "", split
 
 
-def _dict_rows(dd, origin: str, field: str, id_prefix: str, fmt: str) -> Iterator[RawDoc]:
-    """Rows of a DatasetDict: its train split (or only split), plus its validation split if it has one."""
-    names = list(dd.keys())
+def _dict_splits(names: list[str], origin: str) -> list[tuple[str, str | None]]:
+    """(split name, the fullband split it goes to: None = decided by the id hash) of a DatasetDict: its
+    train split (or only split), plus its validation split if it has one."""
     train = "train" if "train" in names else names[0] if len(names) == 1 else None
     if train is None:
         raise DataError(f"{origin} has splits {', '.join(names)} but none called 'train'; "
                         "save the split to use with save_to_disk, or name it 'train'.")
     val = next((n for n in _VAL_SPLIT_NAMES if n in names), None)
-    yield from _dataset_rows(dd[train], f"{origin} [{train}]", field, f"{id_prefix}{train}:",
-                             "train" if val else None, fmt)
-    if val:
-        yield from _dataset_rows(dd[val], f"{origin} [{val}]", field, f"{id_prefix}{val}:", "val", fmt)
+    return [(train, "train"), (val, "val")] if val else [(train, None)]
 
 
-def _saved_dataset_documents(path: Path, rel: str, field: str, fmt: str) -> Iterator[RawDoc]:
+def _dict_rows(dd, origin: str, field: str, id_prefix: str, fmt: str) -> Iterator[RawDoc]:
+    for name, split in _dict_splits(list(dd.keys()), origin):
+        yield from _dataset_rows(dd[name], f"{origin} [{name}]", field, f"{id_prefix}{name}:", split, fmt)
+
+
+def _load_saved(path: Path):
     datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
     try:
-        ds = datasets.load_from_disk(str(path))
+        return datasets.load_from_disk(str(path))
     except Exception as e:
         raise DataError(f"Could not load {path} with datasets.load_from_disk ({e}). Is it a complete "
                         "save_to_disk directory?") from e
-    if isinstance(ds, datasets.DatasetDict):
-        yield from _dict_rows(ds, str(path), field, f"{rel}:", fmt)
-    else:
-        yield from _dataset_rows(ds, str(path), field, f"{rel}:", None, fmt)
+
+
+def _saved_dataset_units(path: Path, rel: str, unit_bytes: int | None) -> list[Unit]:
+    """Row ranges of about unit_bytes (by the split's average row size) of a save_to_disk directory."""
+    ds = _load_saved(path)
+    parts = ([(name, split, ds[name]) for name, split in _dict_splits(list(ds.keys()), str(path))]
+             if isinstance(ds, _import_datasets("save_to_disk").DatasetDict) else [(None, None, ds)])
+    units = []
+    for name, split, d in parts:
+        rows = d.num_rows if unit_bytes is None else max(1, unit_bytes * d.num_rows // max(1, d.data.nbytes))
+        units += [{"kind": "saved", "path": str(path), "rel": rel, "split_name": name, "split": split,
+                   "start": start, "stop": min(start + rows, d.num_rows)} for start in range(0, d.num_rows, rows)]
+    return units
+
+
+def _saved_dataset_documents(unit: Unit, field: str, fmt: str) -> Iterator[RawDoc]:
+    path, name, rel = Path(unit["path"]), unit["split_name"], unit["rel"]
+    ds = _load_saved(path)
+    origin, prefix = (f"{path} [{name}]", f"{rel}:{name}:") if name is not None else (str(path), f"{rel}:")
+    rows = (ds[name] if name is not None else ds).select(range(unit["start"], unit["stop"]))
+    yield from _dataset_rows(rows, origin, field, prefix, unit["split"], fmt, first=unit["start"])
 
 
 def _hf_documents(cfg: DataConfig, fmt: str) -> Iterator[RawDoc]:
