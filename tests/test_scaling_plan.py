@@ -1,0 +1,114 @@
+"""benchmarks/scaling_plan.py (docs/scaling.md): its closed-form parameter count against the instantiated model,
+its FLOPs formula against a hand-computed case, the schedule's K shares and MFU mix, the activation profile
+against autograd's saved bytes at another depth, length, K and batch, and the paper-7b preset it plans."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_check  # noqa: E402
+import scaling_plan  # noqa: E402
+
+from fullband.config import load_config  # noqa: E402
+from fullband.loading import preset_path  # noqa: E402
+from fullband.model import FullBandConfig  # noqa: E402
+from fullband.schedule import PassSchedule  # noqa: E402
+
+SMALL = dict(vocab_size=96, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=80, max_seq_len=64)
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"qk_norm": True, "attn_output_gate": True, "qkv_bias": True},
+    {"tie_embeddings": False, "fusion": "concat", "head_dim": 12},
+    {"fusion": "add", "n_kv_heads": 4},
+])
+def test_parameter_count_matches_the_model(extra):
+    cfg = FullBandConfig(**{**SMALL, **extra})
+    model = scaling_plan.meta_model(cfg)
+    parts = scaling_plan.parameter_count(cfg)
+    assert parts["total"] == model.num_parameters()
+    assert parts["fusion"] == model.num_parameters() - model.num_parameters(include_fusion=False)
+    # N_matmul: every matrix of the blocks (attention gate included) and the LM head, the weights a token
+    # multiplies; norms, biases and the embedding lookup are not matrix products.
+    blocks = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.ndim == 2)
+    assert parts["matmul"] == blocks + cfg.vocab_size * cfg.d_model
+
+
+@pytest.mark.parametrize("preset", ["paper-1b", "paper-7b"])
+def test_presets_parameter_count_on_meta(preset):
+    cfg = load_config(preset_path(preset)).model
+    assert scaling_plan.parameter_count(cfg)["total"] == scaling_plan.meta_model(cfg).num_parameters()
+
+
+def test_flops_formula_hand_checked():
+    # V=10, D=4, L=1, H=2, KV=1 (d_head 2), F=8, T=6. Matrices: W_q 4·4 + W_k 4·2 + W_v 4·2 + W_o 4·4 + MLP 3·4·8
+    # = 144, LM head 10·4 = 40: N_matmul = 184. Per pass 6·184 + 12·1·2·2·6 = 1104 + 288 = 1392 per token; each
+    # fused pass adds W_U, W_G: 6·2·4² = 192.
+    cfg = FullBandConfig(vocab_size=10, d_model=4, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=8, max_seq_len=6)
+    assert scaling_plan.train_flops_per_token(cfg, 6, 1) == 1392
+    assert scaling_plan.train_flops_per_token(cfg, 6, 3) == 3 * 1392 + 2 * 192
+    mean = PassSchedule.parse("paper").mean_passes()
+    assert mean == pytest.approx(0.75 * 1 + 0.22 * 2 + 0.03 * 3)
+    assert scaling_plan.train_flops_per_token(cfg, 6, mean) == pytest.approx(1.28 * 1392 + 0.28 * 192)
+    # Full checkpointing adds one forward of the blocks: 2·144 + 4·1·2·2·6 per token per pass.
+    assert scaling_plan.recompute_flops_per_token(cfg, 6, 2) == 2 * (288 + 96)
+
+
+def test_schedule_shares_and_mfu_mix():
+    shares = scaling_plan.pass_shares(PassSchedule.parse("paper"))
+    assert shares == pytest.approx({1: 0.75, 2: 0.22, 3: 0.03})
+    # K=1 steps of 1 s at MFU 0.5, K=2 of 2 s at 0.4, K=3 of 3 s at 0.3: FLOPs / time over the mix.
+    mfu = scaling_plan.schedule_mfu({1: 0.5, 2: 0.4, 3: 0.3}, {1: 1.0, 2: 2.0, 3: 3.0}, PassSchedule.parse("paper"))
+    expected = (0.75 * 0.5 * 1 + 0.22 * 0.4 * 2 + 0.03 * 0.3 * 3) / (0.75 * 1 + 0.22 * 2 + 0.03 * 3)
+    assert mfu == pytest.approx(expected)
+    with pytest.raises(ValueError, match="no measurement for K"):
+        scaling_plan.schedule_mfu({1: 0.5}, {1: 1.0}, PassSchedule.parse("paper"))
+
+
+def test_activation_profile_predicts_saved_bytes():
+    """The profile is measured at 1-2 layers, 8-16 tokens, K = 1-2, batch 1; it must give what autograd saves at
+    another depth, length, K and batch (the plan extrapolates it to 8192 tokens and 24-32 layers)."""
+    cfg = FullBandConfig(**SMALL, qk_norm=True, attn_output_gate=True)
+    profile = scaling_plan.activation_profile(cfg)
+    for layers, tokens, passes, batch in ((3, 24, 3, 2), (2, 40, 1, 1)):
+        measured = scaling_plan.saved_bytes(cfg, layers, tokens, passes, batch)
+        predicted = scaling_plan.predicted_saved_bytes(profile, layers, tokens, passes, batch)
+        assert predicted == pytest.approx(measured, rel=1e-4), (layers, tokens, passes, batch)
+    full = FullBandConfig(**{**SMALL, "n_layers": 3, "qk_norm": True, "attn_output_gate": True})
+    assert scaling_plan.activation_bytes(full, profile, 48, 3, False) == pytest.approx(
+        scaling_plan.predicted_saved_bytes(profile, 3, 48, 3))
+    # With checkpointing: each block's fp32 input per pass, plus one block rebuilt at a time.
+    saved = scaling_plan.activation_bytes(full, profile, 48, 3, True)
+    without = scaling_plan.activation_bytes(full, profile, 48, 3, False)
+    assert without - saved == pytest.approx(48 * (3 * 3 - 1) * profile["layer"] - 48 * 3 * 3 * 4 * 32)
+
+
+def test_paper_7b_preset_is_a_valid_run_config():
+    run = load_config(preset_path("paper-7b"))
+    m, t = run.model, run.train
+    assert (m.d_model, m.n_layers, m.n_heads, m.d_ff) == (4096, 32, 32, 11008)  # the Llama-2-7B shape
+    assert t.seq_len <= m.max_seq_len and t.parallel == "fsdp" and t.activation_checkpointing == "full"
+    for gpus in scaling_plan.PLANS["paper-7b"]:
+        assert t.batch_size % gpus == 0
+    for gpus in scaling_plan.PLANS["paper-1b"]:
+        assert load_config(preset_path("paper-1b")).train.batch_size % gpus == 0
+
+
+def test_gpu_check_report_prints_the_measured_mfu():
+    variants = {label: {"passes": k, "mfu": mfu, "step_ms": ms, "tokens_per_s": 1.0, "model_tflops_per_s": 1.0,
+                        "peak_memory_gib": None}
+                for label, k, mfu, ms in (("baseline", 1, 0.9, 1.0), ("K=1", 1, 0.5, 1.0), ("K=2", 2, 0.4, 2.0),
+                                          ("K=3", 3, 0.3, 3.0))}
+    train = {"parameters": 1e6, "batch": 1, "seq_len": 8, "peak_tflops": 989.0,
+             "runs": {"eager": {"variants": variants, "ratios": {}}, "compiled": {"error": "no compiler"}}}
+    expected = scaling_plan.schedule_mfu({1: 0.5, 2: 0.4, 3: 0.3}, {1: 1.0, 2: 2.0, 3: 3.0},
+                                         PassSchedule.parse("paper"))
+    assert f"measured MFU (eager, paper schedule's 75/22/3 mix of the K = 1, 2, 3 steps): {expected:.4f}" in \
+        gpu_check.markdown({"train": train})
