@@ -203,6 +203,8 @@ def plan(preset: str, mfu: float | None) -> dict:
     mean_passes = schedule.mean_passes()
     flops = {f"K={k}": train_flops_per_token(cfg, t.seq_len, k) for k in (1, 2, 3)}
     flops["schedule mean"] = train_flops_per_token(cfg, t.seq_len, mean_passes)
+    flops["schedule mean, + full AC recomputation"] = (flops["schedule mean"]
+                                                        + recompute_flops_per_token(cfg, t.seq_len, mean_passes))
     total_flops = flops["schedule mean"] * t.tokens
     compute = {}
     for gpu, spec in GPUS.items():
@@ -285,8 +287,9 @@ def markdown(plans: list[dict], mfu: float | None) -> str:
         out.append(f"| {label} | " + " | ".join(f"{p['parameters'][key]:,}" for p in plans) + " |")
     out += ["", "### Training FLOPs per token (model FLOPs, forward + backward)", "",
             "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for key in ("K=1", "K=2", "K=3", "schedule mean"):
-        label = key if key != "schedule mean" else f"paper schedule (mean K = {plans[0]['mean_passes']:.2f})"
+    for key in plans[0]["flops_per_token"]:
+        label = key.replace("schedule mean", f"paper schedule (mean K = {plans[0]['mean_passes']:.2f})")
+        label = label.replace(", + full AC recomputation", " + full-AC recomputation (hardware FLOPs)")
         out.append(f"| {label} | " + " | ".join(f"{fmt(p['flops_per_token'][key], 'FLOP')}" for p in plans) + " |")
     out.append("| tokens (train.tokens) | " + " | ".join(f"{p['train']['tokens'] / 1e9:.0f}B" for p in plans) + " |")
     out.append("| total training FLOPs | " + " | ".join(fmt(p["total_training_flops"], "FLOP") for p in plans) + " |")
@@ -300,8 +303,9 @@ def markdown(plans: list[dict], mfu: float | None) -> str:
             cells = [f"{p['compute'][gpu][key]['gpu_hours']:,.0f}" if key else "fill in" for p in plans]
             out.append(f"| {gpu} | {label} | " + " | ".join(cells) + " |")
     for p in plans:
+        capacity = ", ".join(f"{gpu}: {spec['memory_gib']:.1f} GiB" for gpu, spec in GPUS.items())
         out += ["", f"### Memory per GPU, {p['preset']} (GiB; FSDP2, bf16 autocast, fp32 weights, "
-                f"seq_len {p['train']['seq_len']})", ""]
+                f"seq_len {p['train']['seq_len']}; {capacity})", ""]
         plans_n = list(p["memory"])
         out += ["| | " + " | ".join(f"{n}, micro-batch {p['memory'][n]['micro_batch_per_gpu']}" for n in plans_n)
                 + " |", "|---" * (len(plans_n) + 1) + "|"]

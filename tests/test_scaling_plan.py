@@ -4,10 +4,12 @@ against autograd's saved bytes at another depth, length, K and batch, and the pa
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from torch.distributed.run import get_args_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -112,3 +114,30 @@ def test_gpu_check_report_prints_the_measured_mfu():
                                          PassSchedule.parse("paper"))
     assert f"measured MFU (eager, paper schedule's 75/22/3 mix of the K = 1, 2, 3 steps): {expected:.4f}" in \
         gpu_check.markdown({"train": train})
+
+
+def test_slurm_script_launches_one_torchrun_per_node(tmp_path):
+    """scripts/slurm/train.sbatch under fake srun/scontrol: the torchrun line it builds parses with torchrun's own
+    parser (c10d rendezvous on the first node, nodes × GPUs ranks) and passes fullband train's arguments on."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'gpu-a17\\ngpu-a18\\n'\n")
+    (bin_dir / "srun").write_text("#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[17-18]",
+           "SLURM_JOB_NUM_NODES": "2", "GPUS_PER_NODE": "4", "PYTHON": "/venv/bin/python"}
+    script = ROOT / "scripts" / "slurm" / "train.sbatch"
+    proc = subprocess.run(["bash", str(script), "--config", "paper-7b", "--out-dir", "/shared/run"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.splitlines()[1:]  # after the job line
+    assert args[:4] == ["--kill-on-bad-exit=1", "/venv/bin/python", "-m", "torch.distributed.run"]
+    torchrun = get_args_parser().parse_args(args[4:])
+    assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.rdzv_backend) == ("2", "4", "c10d")
+    assert (torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("gpu-a17:29500", "4242")
+    assert torchrun.module and torchrun.training_script == "fullband"
+    assert torchrun.training_script_args == ["train", "--config", "paper-7b", "--out-dir", "/shared/run"]
+    outside = subprocess.run(["bash", str(script), "--config", "x"], env={"PATH": "/usr/bin:/bin"},
+                             capture_output=True, text=True, timeout=30)
+    assert outside.returncode == 2 and "not inside a SLURM job" in outside.stderr
