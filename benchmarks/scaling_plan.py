@@ -132,21 +132,31 @@ def schedule_mfu(mfu_by_passes: dict[int, float], step_s_by_passes: dict[int, fl
 # ---- activations ---------------------------------------------------------------------------------
 
 
-def saved_bytes(cfg: FullBandConfig, n_layers: int, tokens: int, passes: int, batch: int = 1) -> int:
-    """Bytes autograd saves in one forward of the ``passes``-pass objective under bf16 autocast (uninitialised
-    weights: the count depends on shapes, not values). The graph is dropped without a backward."""
-    shape = FullBandConfig.from_dict({**cfg.to_dict(), "n_layers": n_layers, "max_seq_len": tokens})
-    model = meta_model(shape).to_empty(device="cpu")
+def shallow_model(cfg: FullBandConfig, n_layers: int) -> FullBandLM:
+    """``cfg``'s model with ``n_layers`` blocks, its weights allocated but not initialised (zeros): the saved
+    bytes depend on shapes, not values, and a 7B embedding is not worth initialising."""
+    model = meta_model(FullBandConfig.from_dict({**cfg.to_dict(), "n_layers": n_layers})).to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    model.train()
-    ids = torch.zeros(batch, tokens, dtype=torch.long)
-    counter = SavedBytes(model)
-    with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = multipass_loss(model, ids, ids, passes, prefix_mixin=1.0)
-        del out
+    return model.train()
+
+
+def saved_bytes(model: FullBandLM, n_layers: int, tokens: int, passes: int, batch: int = 1) -> int:
+    """Bytes autograd saves in one forward of the ``passes``-pass objective under bf16 autocast through the
+    first ``n_layers`` blocks of ``model`` (one model serves every depth: a 7B model is built once). The graph
+    is dropped without a backward."""
+    blocks = model.layers
+    model.layers = blocks[:n_layers]
+    try:
+        ids = torch.zeros(batch, tokens, dtype=torch.long)
+        counter = SavedBytes(model)
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = multipass_loss(model, ids, ids, passes, prefix_mixin=1.0)
+            del out
+    finally:
+        model.layers = blocks
     return counter.peak
 
 
@@ -155,9 +165,10 @@ def activation_profile(cfg: FullBandConfig, tokens: tuple[int, int] = PROFILE_TO
     logits, loss), and per fused pass for the fusion; plus the bytes independent of the token count (the bf16
     weight copies autocast makes and the matmuls save). From saved_bytes at two depths, two lengths and K = 1, 2."""
     t1, t2 = tokens
-    one = {t: saved_bytes(cfg, 1, t, 1) for t in tokens}
-    two = {t: saved_bytes(cfg, 2, t, 1) for t in tokens}
-    fused = {t: saved_bytes(cfg, 1, t, 2) for t in tokens}
+    model = shallow_model(cfg, 2)
+    one = {t: saved_bytes(model, 1, t, 1) for t in tokens}
+    two = {t: saved_bytes(model, 2, t, 1) for t in tokens}
+    fused = {t: saved_bytes(model, 1, t, 2) for t in tokens}
     layer = ((two[t2] - two[t1]) - (one[t2] - one[t1])) / (t2 - t1)
     outside = (one[t2] - one[t1]) / (t2 - t1) - layer
     fusion = (fused[t2] - fused[t1]) / (t2 - t1) - 2 * (layer + outside)

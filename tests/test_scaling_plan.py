@@ -79,8 +79,9 @@ def test_activation_profile_predicts_saved_bytes():
     another depth, length, K and batch (the plan extrapolates it to 8192 tokens and 24-32 layers)."""
     cfg = FullBandConfig(**SMALL, qk_norm=True, attn_output_gate=True)
     profile = scaling_plan.activation_profile(cfg)
+    model = scaling_plan.shallow_model(cfg, 3)
     for layers, tokens, passes, batch in ((3, 24, 3, 2), (2, 40, 1, 1)):
-        measured = scaling_plan.saved_bytes(cfg, layers, tokens, passes, batch)
+        measured = scaling_plan.saved_bytes(model, layers, tokens, passes, batch)
         predicted = scaling_plan.predicted_saved_bytes(profile, layers, tokens, passes, batch)
         assert predicted == pytest.approx(measured, rel=1e-4), (layers, tokens, passes, batch)
     full = FullBandConfig(**{**SMALL, "n_layers": 3, "qk_norm": True, "attn_output_gate": True})
