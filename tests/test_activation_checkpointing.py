@@ -125,6 +125,11 @@ def test_setting_is_parsed_and_checked():
         build_config({"train": {"activation_checkpointing": True}})
     with pytest.raises(ValueError, match="every must be 0"):
         tiny_model().set_activation_checkpointing(-1)
+    # an interval past the last block would checkpoint nothing: refused, not ignored
+    with pytest.raises(ConfigError, match="would checkpoint no block"):
+        tiny_config(train={"activation_checkpointing": "selective:3"})  # TINY has 2 layers
+    with pytest.raises(ValueError, match="has only 4"):
+        tiny_model().set_activation_checkpointing(5)
 
 
 def test_trainer_run_with_checkpointing_gives_the_same_metrics(tmp_path, parity_data, monkeypatch):

@@ -205,7 +205,10 @@ class RunConfig:
             if t.eval_every < 1:
                 raise ConfigError("train.keep_best needs train.eval_every >= 1: the best model is chosen among the "
                                   "evaluations made during training")
-        checkpoint_interval(t.activation_checkpointing)
+        if checkpoint_interval(t.activation_checkpointing) > self.model.n_layers:
+            raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} would checkpoint no "
+                              f"block: the model has {self.model.n_layers}. Use full, or selective:N with N <= "
+                              f"{self.model.n_layers}.")
         PassSchedule.parse(t.schedule)
         d = self.data
         # data.format auto is only resolved when the data is prepared; the trainer checks that case.

@@ -382,6 +382,8 @@ class FullBandLM(nn.Module):
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"activation checkpointing: every must be 0 (off) or a positive block interval, "
                              f"got {every!r}")
+        if every > len(self.layers):  # would checkpoint no block at all
+            raise ValueError(f"activation checkpointing every {every} blocks: the model has only {len(self.layers)}")
         self.checkpoint_every = every
 
     def num_parameters(self, include_fusion: bool = True) -> int:
