@@ -4,11 +4,13 @@ against autograd's saved bytes at another depth, length, K and batch, and the pa
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torch.distributed.run import get_args_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,11 +18,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 import scaling_plan  # noqa: E402
+from train_step import SavedBytes  # noqa: E402
 
 from fullband.config import load_config  # noqa: E402
 from fullband.loading import preset_path  # noqa: E402
-from fullband.model import FullBandConfig  # noqa: E402
+from fullband.model import FullBandConfig, FullBandLM  # noqa: E402
 from fullband.schedule import PassSchedule  # noqa: E402
+from fullband.train.objective import multipass_loss  # noqa: E402
 
 SMALL = dict(vocab_size=96, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=80, max_seq_len=64)
 
@@ -142,3 +146,44 @@ def test_slurm_script_launches_one_torchrun_per_node(tmp_path):
     outside = subprocess.run(["bash", str(script), "--config", "x"], env={"PATH": "/usr/bin:/bin"},
                              capture_output=True, text=True, timeout=30)
     assert outside.returncode == 2 and "not inside a SLURM job" in outside.stderr
+
+
+def test_fsdp2_saves_what_the_unsharded_model_saves(monkeypatch):
+    """docs/scaling.md counts one bf16 copy of every weight per step (autocast's cache) on every GPU, also under
+    FSDP2, whose gathered weights are new tensors each time: the saved bytes with fully_shard (one gloo process)
+    equal those of the plain model at K = 1, 2, 3, so a pass does not add another copy."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    class Everything(SavedBytes):  # parameters are DTensors under FSDP2: count every saved storage, in both runs
+        def __init__(self) -> None:
+            self.params, self.live, self.current, self.peak = set(), {}, 0, 0
+
+    def saved(fsdp: bool, passes: int) -> int:
+        torch.manual_seed(0)
+        model = FullBandLM(FullBandConfig(**SMALL)).train()
+        if fsdp:
+            for block in model.layers:
+                fully_shard(block)
+            fully_shard(model)
+        ids = torch.randint(0, SMALL["vocab_size"], (1, 16), generator=torch.Generator().manual_seed(0))
+        counter = Everything()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = multipass_loss(model, ids, ids, passes)
+            out.loss.backward()
+        return counter.peak
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    plain = [saved(False, k) for k in (1, 2, 3)]
+    dist.init_process_group("gloo")
+    try:
+        sharded = [saved(True, k) for k in (1, 2, 3)]
+    finally:
+        dist.destroy_process_group()
+    # (test_activation_profile_predicts_saved_bytes shows the plain model's copies are made once for K passes)
+    assert sharded == pytest.approx(plain, rel=5e-3)
