@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -253,7 +254,10 @@ def plan(preset: str, mfu: float | None) -> dict:
                   for k in (1, 3) for ac in ("no AC", "full AC")}
         memory[f"{n} GPUs"] = {"micro_batch_per_gpu": micro, "gib": gib, "totals_gib": totals}
     checkpoint_bytes = 4 * parts["total"] + opt_bytes
-    nodes = {n: max(1, n // GPUS_PER_NODE) for n in PLANS[preset]}
+    nodes = {n: math.ceil(n / GPUS_PER_NODE) for n in PLANS[preset]}
+    # Training time between two saves (train.ckpt_every steps) on H100s at the assumed MFU, to weigh the save against.
+    step_flops = flops["schedule mean"] * t.batch_size * t.grad_accum * t.seq_len
+    h100 = GPUS["H100 SXM 80GB"]["peak_tflops"] * 1e12 * ASSUMED_MFU
     return {
         "preset": preset,
         "model": cfg.to_dict(),
@@ -274,6 +278,8 @@ def plan(preset: str, mfu: float | None) -> dict:
             "save_s_one_writer": checkpoint_bytes / (NODE_WRITE_GB_S * 1e9),
             "save_s_all_nodes": {f"{n} GPUs ({nodes[n]} nodes)": checkpoint_bytes / (nodes[n] * NODE_WRITE_GB_S * 1e9)
                                  for n in PLANS[preset]},
+            "ckpt_every": t.ckpt_every,
+            "train_s_between_saves": {f"{n} GPUs": t.ckpt_every * step_flops / (n * h100) for n in PLANS[preset]},
         },
     }
 
@@ -339,6 +345,10 @@ def markdown(plans: list[dict], mfu: float | None) -> str:
         f"{p['checkpoint']['save_s_one_writer']:.0f} s" for p in plans) + " |")
     out.append("| every node writing its shards (DCP) | " + " | ".join(
         "; ".join(f"{k}: {v:.0f} s" for k, v in p["checkpoint"]["save_s_all_nodes"].items()) for p in plans) + " |")
+    out.append(f"| training between saves (train.ckpt_every steps, H100 at {ASSUMED_MFU:.0%} MFU) | " + " | ".join(
+        f"{p['checkpoint']['ckpt_every']} steps: " + "; ".join(
+            f"{k}: {v / 60:.0f} min" for k, v in p["checkpoint"]["train_s_between_saves"].items()) for p in plans)
+        + " |")
     return "\n".join(out) + "\n"
 
 
