@@ -14,7 +14,7 @@ tables and written to JSON. Every number comes from the code or from a measureme
   AdamW moments in fp32) sharded over N GPUs by FSDP2.
 
 Usage:
-    python benchmarks/scaling_plan.py                      # both presets, ~1-2 min on 2 CPU cores (7B layers)
+    python benchmarks/scaling_plan.py                      # both presets: ~50 s, 15 GB of memory (the 7B profile)
     python benchmarks/scaling_plan.py --mfu 0.43           # GPU-hours at the MFU gpu_check.sh measured too
     python benchmarks/scaling_plan.py --presets paper-1b   # one preset
 """
@@ -309,7 +309,7 @@ def markdown(plans: list[dict], mfu: float | None) -> str:
         label = label.replace(", + full AC recomputation", " + full-AC recomputation (hardware FLOPs)")
         out.append(f"| {label} | " + " | ".join(f"{fmt(p['flops_per_token'][key], 'FLOP')}" for p in plans) + " |")
     out.append("| tokens (train.tokens) | " + " | ".join(f"{p['train']['tokens'] / 1e9:.0f}B" for p in plans) + " |")
-    out.append("| total training FLOPs | " + " | ".join(fmt(p["total_training_flops"], "FLOP") for p in plans) + " |")
+    out.append("| total training FLOPs | " + " | ".join(f"{p['total_training_flops']:.3g} FLOP" for p in plans) + " |")
     out += ["", "### GPU-hours", "", "| GPU | MFU | " + " | ".join(names) + " |", "|---|---" + "|---" * len(names)
             + "|"]
     for gpu in GPUS:
