@@ -14,10 +14,11 @@ Subcommands:
   a few DDP and FSDP2 multi-pass training steps; rank 0 writes the result.
 - ``report``: merge every JSON in --out.
 
-Model FLOPs (per token, per pass; the usual 6·N + attention count): 6·(N_matrix + V·D) for the weight
-matrices and the LM head, plus 12·L·D·T for attention scores and values (forward + backward; causal
-masking not discounted), plus 6·2·D² for the fusion in passes ≥ 2. MFU divides by the H200's dense bf16
-peak, 989 TFLOP/s (``--peak-tflops``).
+Model FLOPs (per token, per pass; the usual 6·N + attention count, ``scaling_plan.train_flops_per_token``):
+6·(N_matrix + V·D) for the weight matrices and the LM head, plus 12·L·D·T for attention scores and values
+(forward + backward; causal masking not discounted), plus 6·2·D² for the fusion in passes ≥ 2. MFU divides by
+the H200's dense bf16 peak, 989 TFLOP/s (``--peak-tflops``). The report's "measured MFU" line is the paper
+schedule's 75/22/3 mix of the K = 1, 2, 3 steps, the figure ``scaling_plan.py --mfu`` takes (docs/scaling.md).
 
 ``--device cpu --tiny`` runs every piece on tiny sizes (the CPU test does).
 """
@@ -34,9 +35,12 @@ import time
 from pathlib import Path
 
 import torch
+from scaling_plan import schedule_mfu
+from scaling_plan import train_flops_per_token as model_flops_per_token
 from train_step import forward_backward
 
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.schedule import PassSchedule
 
 H200_BF16_DENSE_TFLOPS = 989.0
 MODEL_125M = dict(vocab_size=50304, d_model=768, n_layers=12, n_heads=12, d_ff=2048)
@@ -71,17 +75,6 @@ def cmd_info(args: argparse.Namespace) -> dict:
 
 
 # ---- training throughput -------------------------------------------------------------------------
-
-
-def model_flops_per_token(cfg: FullBandConfig, seq: int, passes: int) -> float:
-    """Training FLOPs per token of a K-pass step (see the module docstring)."""
-    d, L = cfg.d_model, cfg.n_layers
-    hd, kv = cfg.resolved_head_dim, cfg.n_kv_heads
-    attn_params = d * cfg.n_heads * hd * 2 + d * kv * hd * 2  # q, o and k, v projections
-    matrix = L * (attn_params + 3 * d * cfg.d_ff) + cfg.vocab_size * d  # blocks + LM head
-    per_pass = 6 * matrix + 12 * L * d * seq
-    fusion = 6 * 2 * d * d  # W_U, W_G: only passes that fuse
-    return passes * per_pass + (passes - 1) * fusion
 
 
 def measure_train(model_kwargs: dict, batch: int, seq: int, device: torch.device, steps: int, warmup: int,
@@ -320,6 +313,7 @@ def markdown(parts: dict) -> str:
                 lines.append(f"| {run} | {label} | {v['tokens_per_s']:,.0f} | {v['step_ms']} | "
                              f"{v['model_tflops_per_s']} | {v['mfu']:.1%} | {v['peak_memory_gib']} |")
             lines.append(f"| {run} | ratios | {', '.join(f'{k} {r}' for k, r in body['ratios'].items())} | | | | |")
+        lines += ["", measured_mfu_line(train)]
     hf = parts.get("hf")
     if hf:
         lines += ["", f"## Decoding against Hugging Face generate ({hf['dtype']}, prompt {hf['prompt_len']}, "
@@ -342,6 +336,19 @@ def markdown(parts: dict) -> str:
             lines.append(f"- {name[:-7]}: exit {part['exit_code']}{' (time limit)' if part['timed_out'] else ''}: "
                          f"{part['summary']}")
     return "\n".join(lines) + "\n"
+
+
+def measured_mfu_line(train: dict) -> str:
+    """The MFU docs/scaling.md asks for: the paper schedule's mix of K = 1, 2, 3 steps, compiled if that ran."""
+    runs = {name: body for name, body in train["runs"].items() if "error" not in body}
+    if not runs:
+        return "measured MFU: none (every training run failed)"
+    name = "compiled" if "compiled" in runs else next(iter(runs))
+    variants = {v["passes"]: v for label, v in runs[name]["variants"].items() if label != "baseline"}
+    mfu = schedule_mfu({k: v["mfu"] for k, v in variants.items()}, {k: v["step_ms"] for k, v in variants.items()},
+                       PassSchedule.parse("paper"))
+    return (f"measured MFU ({name}, paper schedule's 75/22/3 mix of the K = 1, 2, 3 steps): {mfu:.4f}; "
+            f"docs/scaling.md: `python benchmarks/scaling_plan.py --mfu {mfu:.4f}`")
 
 
 def main(argv: list[str] | None = None) -> int:

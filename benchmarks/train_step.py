@@ -15,7 +15,10 @@ Variants, same model size, batch and sequence length, train mode, AdamW:
   ``train.detach_passes=true`` in a single process (``backward_scale = 1 / grad_accum``, here 1);
 - ``K=3 detach, one backward``: ``detach=True`` with one ``loss.backward()`` after all passes
   (``backward_scale=None``): what ``train.detach_passes=true`` does in distributed runs (DDP/FSDP
-  synchronise once per backward), and what it did everywhere before ``backward_scale`` existed.
+  synchronise once per backward), and what it did everywhere before ``backward_scale`` existed;
+- ``K=1 AC``, ``K=3 AC`` (opt-in, ``--variants``): ``K=1`` and ``K=3`` with every block checkpointed
+  (``train.activation_checkpointing: full``): each block keeps only its input and runs its forward again in
+  the backward.
 
 A step is ``zero_grad(set_to_none=True)``, forward and backward (one ``loss.backward()``, or the
 per-pass backwards inside ``multipass_loss``), ``optimizer.step()``. The
@@ -29,7 +32,9 @@ Memory, three measures (see docs/benchmarks.md):
   storages, parameters excluded; a storage counts from its first save until the graph releases its
   last saved reference). With one backward this is everything the forward saved; with per-pass
   backward it is the largest single pass. Deterministic; this is the part of memory that K and
-  ``detach`` change.
+  ``detach`` change. Not reported for the AC variants: the checkpoint holds its blocks' inputs and
+  recomputed activations outside autograd's saved tensors, so this count would miss them; their peak RSS Δ
+  is the measure.
 - ``peak RSS Δ MiB`` (CPU): each variant in a fresh subprocess; the optimizer state is created first
   (one AdamW step on zero gradients), then the high-water mark ``VmHWM`` is reset and read after two
   training steps (``ru_maxrss`` survives exec on Linux, so a child would report its parent's size).
@@ -39,6 +44,8 @@ Memory, three measures (see docs/benchmarks.md):
 Usage:
     python benchmarks/train_step.py              # full run
     python benchmarks/train_step.py --quick      # smoke run (< 30 s)
+    python benchmarks/train_step.py --sizes d256-L6-s1024 --variants K=1 "K=1 AC" K=3 "K=3 AC" \
+        --out benchmarks/results/train_step_ac.json   # activation checkpointing
 """
 
 from __future__ import annotations
@@ -63,6 +70,9 @@ SIZES = {
     "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
     # opt-in (--sizes d256-L4 d512-L6): several minutes per repetition on 2 CPU cores
     "d512-L6": dict(model=dict(vocab_size=8192, d_model=512, n_layers=6, n_heads=8, d_ff=1536), batch=8, seq=256),
+    # opt-in: long sequences, where activations outgrow the weights (activation checkpointing)
+    "d256-L6-s1024": dict(model=dict(vocab_size=8192, d_model=256, n_layers=6, n_heads=4, d_ff=768), batch=2,
+                          seq=1024),
 }
 DEFAULT_SIZES = ["d256-L4"]
 QUICK_SIZES = {
@@ -82,6 +92,9 @@ VARIANTS = {
     "K=3 detach, per-pass backward": (3, "per-pass"),
     "K=3 detach, one backward": (3, "one"),
 }
+# AC variant -> the variant it runs with every block checkpointed (train.activation_checkpointing: full)
+AC_VARIANTS = {"K=1 AC": "K=1", "K=3 AC": "K=3"}
+ALL_VARIANTS = [*VARIANTS, *AC_VARIANTS]
 
 
 def build(size: dict, device, dtype, seed: int = 0):
@@ -98,7 +111,8 @@ def forward_backward(model, ids, targets, variant: str, generator) -> None:
     """One forward and backward of ``variant``; gradients accumulate into ``.grad``. Only the loss (and
     its graph) outlives the forward, as in the trainer's step (``multipass_loss`` keeps no pass's logits):
     no Python reference keeps the logits alive through the backward."""
-    passes, backward = VARIANTS[variant]
+    model.set_activation_checkpointing(1 if variant in AC_VARIANTS else 0)
+    passes, backward = VARIANTS[AC_VARIANTS.get(variant, variant)]
     if passes == 0:
         loss = F.cross_entropy(model(ids).logits.flatten(0, 1).float(), targets.flatten())
     else:
@@ -240,7 +254,7 @@ def summary(values: list[float]) -> dict:
 
 def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
     model, opt, ids, targets = build(size, device, dtype)
-    labels = list(VARIANTS)
+    labels = args.variants
     generator = torch.Generator(device=device).manual_seed(0)
     cuda = device.type == "cuda"
     for v in labels:  # warm-up (also creates the AdamW state)
@@ -262,7 +276,7 @@ def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
                 cuda_peak[v] = max(cuda_peak.get(v, 0), torch.cuda.max_memory_allocated())
         print(f"  {name}: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
     opt.zero_grad(set_to_none=True)
-    saved = {v: saved_activation_bytes(model, ids, targets, v) for v in labels}
+    saved = {v: None if v in AC_VARIANTS else saved_activation_bytes(model, ids, targets, v) for v in labels}
     rss = {}
     if args.rss and not cuda:
         rss = {v: peak_rss_delta_mib(name, v, args.quick, args.threads) for v in labels}
@@ -271,7 +285,8 @@ def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
         variants[v] = {
             "step_s": summary(times[v]),
             "ratio_vs_K1": summary([a / b for a, b in zip(times[v], times["K=1"], strict=True)]),
-            "ratio_vs_plain": summary([a / b for a, b in zip(times[v], times["plain"], strict=True)]),
+            "ratio_vs_plain": (summary([a / b for a, b in zip(times[v], times["plain"], strict=True)])
+                               if "plain" in times else None),
             "saved_activation_bytes": saved[v],
             "peak_rss_delta_mib": rss.get(v),
             "cuda_max_allocated_bytes": cuda_peak.get(v),
@@ -303,11 +318,12 @@ def table(results: dict) -> str:
         for v, r in res["variants"].items():
             rss = r["peak_rss_delta_mib"]
             cuda = r["cuda_max_allocated_bytes"]
+            saved, base_saved = r["saved_activation_bytes"], base["saved_activation_bytes"]
             lines.append(
                 f"| {name} | {v} | {r['step_s']['median']:.3f} | {r['step_s']['min']:.3f} "
                 f"| {fmt_ratio(r['ratio_vs_K1'])} | {r['step_s']['min'] / base['step_s']['min']:.2f} "
-                f"| {r['saved_activation_bytes'] / 2**20:.1f} "
-                f"| {r['saved_activation_bytes'] / base['saved_activation_bytes']:.2f} "
+                f"| {'-' if saved is None else f'{saved / 2**20:.1f}'} "
+                f"| {'-' if saved is None else f'{saved / base_saved:.2f}'} "
                 f"| {'-' if rss is None else f'{rss:.0f}'} | {'-' if cuda is None else f'{cuda / 2**20:.0f}'} |"
             )
     return "\n".join(lines)
@@ -322,6 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         ["float32", "bfloat16"],
     )
     p.add_argument("--sizes", nargs="+", default=None, help=f"subset of {list(SIZES)} (default: {DEFAULT_SIZES})")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                   help=f"variants to run, K=1 among them (default: all but the AC ones); choose from {ALL_VARIANTS}")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_step[_quick].json)")
     p.add_argument("--_rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
@@ -333,6 +351,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
+    unknown = [v for v in args.variants if v not in ALL_VARIANTS]
+    if unknown or "K=1" not in args.variants:
+        p.error(f"--variants must include K=1 (the ratios' base) and come from {ALL_VARIANTS}; got {args.variants}")
     sizes = QUICK_SIZES if args.quick else {k: SIZES[k] for k in DEFAULT_SIZES}
     if args.sizes:
         sizes = QUICK_SIZES if args.quick else SIZES
@@ -369,7 +390,8 @@ def main(argv: list[str] | None = None) -> None:
         "benchmark": "train_step",
         "command": command,
         "machine": machine,
-        "settings": {"repeats": args.repeats, "dtype": args.dtype, "quick": args.quick, "rss": args.rss},
+        "settings": {"repeats": args.repeats, "dtype": args.dtype, "quick": args.quick, "rss": args.rss,
+                     "variants": args.variants},
         "wall_s": elapsed,
         "results": results,
     }

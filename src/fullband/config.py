@@ -87,6 +87,12 @@ class TrainConfig:
     z_loss: float = _f(0.0, "z-loss coefficient (the paper: 1e-5 in the cooldown)")
     z_loss_cooldown_only: bool = _f(True, "apply z-loss only in the wsd decay phase, as the paper does")
     compile: bool = _f(False, "torch.compile the model")
+    activation_checkpointing: str = _f(
+        "none",
+        "recompute transformer blocks in the backward instead of keeping their activations: 'none', 'full' (every "
+        "block: activations of ~one block per pass plus each block's input, for ~one more forward of compute) or "
+        "'selective:N' (every N-th block, torchtitan's layer-selective AC); results are unchanged",
+    )
     parallel: str = _f("ddp", "under torchrun with several processes: 'ddp' or 'fsdp' (FSDP2 fully_shard)")
     log_every: int = _f(10, "print a progress line every N steps (metrics.jsonl gets every step)")
     progress: bool = _f(True, "show a progress bar")
@@ -143,7 +149,8 @@ RESUMABLE_CHANGES = {
     "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.eval_every",
     "train.ckpt_every", "train.keep_checkpoints", "train.checkpoint_format", "train.stop_after_steps",
     "train.max_bad_steps",
-    "train.compile", "eval.batches", "eval.batch_size", "eval.fused_passes", "eval.sequential",
+    "train.compile", "train.activation_checkpointing", "eval.batches", "eval.batch_size", "eval.fused_passes",
+    "eval.sequential",
 }
 
 
@@ -206,6 +213,10 @@ class RunConfig:
             if t.eval_every < 1:
                 raise ConfigError("train.keep_best needs train.eval_every >= 1: the best model is chosen among the "
                                   "evaluations made during training")
+        if checkpoint_interval(t.activation_checkpointing) > self.model.n_layers:
+            raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} would checkpoint no "
+                              f"block: the model has {self.model.n_layers}. Use full, or selective:N with N <= "
+                              f"{self.model.n_layers}.")
         PassSchedule.parse(t.schedule)
         d = self.data
         # data.format auto is only resolved when the data is prepared; the trainer checks that case.
@@ -218,6 +229,20 @@ class RunConfig:
                     f"{d.format!r} with data.isolate_documents={d.isolate_documents} cuts a text stream into windows. "
                     "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
                 )
+
+
+def checkpoint_interval(setting: str) -> int:
+    """train.activation_checkpointing as the block interval of ``FullBandLM.set_activation_checkpointing``:
+    'none' -> 0, 'full' -> 1, 'selective:N' -> N."""
+    if setting == "none":
+        return 0
+    if setting == "full":
+        return 1
+    kind, _, number = setting.partition(":")
+    if kind == "selective" and number.isdigit() and int(number) >= 1:
+        return int(number)
+    raise ConfigError(f"train.activation_checkpointing={setting!r}: allowed values are none, full and selective:N "
+                      "(N >= 1: checkpoint every N-th transformer block)")
 
 
 def _type_of(cls: type, name: str) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
 from .kv_cache import KVCache
@@ -341,6 +342,9 @@ class FullBandLM(nn.Module):
         self.decode_defaults: dict[str, Any] = {}
         # The distinct attention windows (None = full), one SDPA mask each; fixed by the config.
         self._windows = {layer.attn.window for layer in self.layers}
+        # Activation checkpointing (set_activation_checkpointing): 0 = off, N = every N-th block. A training
+        # setting of this process, not of the model: it is not saved and changes no result.
+        self.checkpoint_every = 0
         self.reset_parameters()
 
     def _apply(self, fn, recurse=True):
@@ -369,6 +373,18 @@ class FullBandLM(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
+
+    def set_activation_checkpointing(self, every: int) -> None:
+        """Recompute blocks in the backward instead of keeping their activations: ``every`` = 1 checkpoints every
+        block, N every N-th one (blocks N-1, 2N-1, ...: torchtitan's layer-selective AC), 0 turns it off. Only a
+        forward with grad enabled and no KV cache checkpoints (training); prefill, decoding and evaluation run as
+        before. Each checkpointed block keeps only its input for the backward and runs its forward twice."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+            raise ValueError(f"activation checkpointing: every must be 0 (off) or a positive block interval, "
+                             f"got {every!r}")
+        if every > len(self.layers):  # would checkpoint no block at all
+            raise ValueError(f"activation checkpointing every {every} blocks: the model has only {len(self.layers)}")
+        self.checkpoint_every = every
 
     def num_parameters(self, include_fusion: bool = True) -> int:
         fusion = 0 if include_fusion else sum(p.numel() for p in self.fusion.parameters())
@@ -422,8 +438,16 @@ class FullBandLM(nn.Module):
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
 
         masks = self._attention_masks(B, T, start, attention_mask, cache, segment_ids)
-        for block in self.layers:
-            x = block(x, cos, sin, masks, cache)
+        # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
+        every = self.checkpoint_every if cache is None and torch.is_grad_enabled() else 0
+        for i, block in enumerate(self.layers):
+            if every and (i + 1) % every == 0:
+                # Non-reentrant (use_reentrant=False): works with inputs that need no grad, with FSDP2's hooks
+                # inside the block, with autocast and torch.compile; blocks draw no random numbers (the
+                # jitter is drawn between passes, outside any block), so the recomputation is exact.
+                x = checkpoint(block, x, cos, sin, masks, None, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, masks, cache)
         if cache is not None:
             cache.advance(T)
 

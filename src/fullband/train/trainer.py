@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config
+from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
@@ -276,6 +276,10 @@ class Trainer:
         self._log(f"initialised from {model_dir}; fusion weights freshly initialised")
 
     def _wrap(self, model: FullBandLM) -> nn.Module:
+        # Checkpointing is decided inside FullBandLM.forward, so it is set before compile traces the forward and
+        # before fully_shard (torchtitan's order: AC, compile, FSDP); FSDP2's hooks skip the recomputation's
+        # unshard, which the pre-backward hook has done.
+        model.set_activation_checkpointing(checkpoint_interval(self.train_cfg.activation_checkpointing))
         if self.train_cfg.compile:
             model.compile()
         objective: nn.Module = MultipassObjective(model)
