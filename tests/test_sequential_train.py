@@ -125,7 +125,6 @@ def test_a_sequential_run_matches_the_jacobi_run(tmp_path, packed_records):
 
 
 @pytest.mark.parametrize("train_options, model_options, message", [
-    ({"schedule": "paper"}, {}, "train.schedule='paper': it is a way to run schedule exact"),
     ({"pass_loss": "paper"}, {}, "train.pass_loss='paper' scores the plain and intermediate"),
     ({"pass_loss": "paper+last"}, {}, "train.pass_loss='paper\\+last'"),
     ({}, {"feedback_jitter": 0.02}, "model.feedback_jitter=0.02"),
@@ -143,3 +142,18 @@ def test_what_the_token_steps_cannot_do_is_refused(train_options, model_options,
     ok = tiny_config(data={"format": "prompt_answer"}, model={"feedback_jitter": 0.0},
                      train={"schedule": "exact", "exact_mode": "sequential", "pass_loss": "last"})
     assert ok.train.exact_mode == "sequential"
+
+
+def test_other_schedules_have_no_exact_pass_to_compute(tmp_path, packed_records):
+    """A preset's baseline overrides train.schedule alone (experiments/sweeps.py, the demo): with schedule
+    standard, exact_mode sequential and the Jacobi-only options are accepted, and the run is the plain one."""
+    data, data_dir = packed_records
+    metrics = {}
+    for mode in ("jacobi", "sequential"):
+        cfg = tiny_config(data=data, model={"feedback_jitter": 0.02},
+                          train={"schedule": "standard", "exact_mode": mode, "pass_loss": "paper",
+                                 "tokens": steps_of(1)})
+        train(cfg, tmp_path / mode, data_dir=data_dir)
+        metrics[mode] = read_metrics(tmp_path / mode)
+    assert metrics["sequential"] == [{**r, **{k: metrics["sequential"][0][k] for k in ("elapsed_s", "tokens_per_s")}}
+                                     for r in metrics["jacobi"]]

@@ -1,15 +1,18 @@
 """Two CPU processes under torch.distributed.run (gloo) give the same per-step losses as one process with
-the same global batch, for DDP and FSDP2, including fused steps with prefix mixin and jitter."""
+the same global batch, for DDP and FSDP2, including fused steps with prefix mixin and jitter; the sequential
+exact mode under DDP equals the Jacobi mode."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import test_train
 from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
+from test_train_curriculum import _prompt_answer_data
 
 from fullband.config import build_config
 from fullband.storage import list_checkpoints
@@ -23,6 +26,17 @@ SEED = 1
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
 
 
+def _torchrun(config: Path, out_dir: Path, data_dir: Path) -> None:
+    """``fullband train`` in two CPU processes (gloo); the data directory is prepared by rank 0 if need be."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "fullband", "train", "--config", str(config), "--out-dir", str(out_dir),
+               "--data-dir", str(data_dir)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.mark.parametrize("parallel, grad_accum", [("ddp", 2), ("fsdp", 1)])
 def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
     ks = [PassSchedule.parse(SCHEDULE).passes_for_step(s, STEPS, SEED) for s in range(STEPS)]
@@ -34,13 +48,7 @@ def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
     )
     assert raw["train"]["batch_size"] == BATCH  # the global batch: 2 rows per rank
     config = write_yaml(tmp_path / "config.yaml", raw)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RANK", None), env.pop("WORLD_SIZE", None), env.pop("LOCAL_RANK", None)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               "-m", "fullband", "train", "--config", str(config), "--out-dir", str(tmp_path / "dist"),
-               "--data-dir", str(parity_data)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _torchrun(config, tmp_path / "dist", parity_data)
 
     single = train(build_config(raw), tmp_path / "single", data_dir=parity_data)
     assert single.finished
@@ -59,3 +67,20 @@ def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum):
     assert wa.keys() == wb.keys()
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() < 1e-4, k
+
+
+def test_sequential_exact_mode_under_ddp_equals_the_jacobi_mode(tmp_path):
+    """train.exact_mode sequential runs T model forwards before one backward inside the DDP-wrapped objective:
+    under two processes its steps equal the Jacobi mode's (packed records, grad accumulation, prefix mixin)."""
+    data = _prompt_answer_data(tmp_path, (1, 8), 120)
+    runs = {}
+    for mode in ("jacobi", "sequential"):
+        raw = tiny_raw(data=data, model={"feedback_jitter": 0.0, "sliding_window": 4},
+                       train={"schedule": "exact", "exact_mode": mode, "pass_loss": "last", "prefix_mixin": 1.0,
+                              "grad_accum": 2, "tokens": steps_of(2, 2), "warmup_steps": 1})
+        _torchrun(write_yaml(tmp_path / f"{mode}.yaml", raw), tmp_path / mode, tmp_path / "data")
+        runs[mode] = read_metrics(tmp_path / mode)
+    assert [r["passes"] for r in runs["jacobi"]] == [r["passes"] for r in runs["sequential"]]
+    for a, b in zip(runs["jacobi"], runs["sequential"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)

@@ -55,8 +55,9 @@ class TrainConfig:
         "jacobi",
         "how schedule exact computes the exact recurrence: 'jacobi' (K passes over all positions, K = the longest "
         "document) or 'sequential' (token by token with backpropagation through the steps: the FLOPs of one pass; "
-        "needs pass_loss last, model.feedback_jitter 0, grad_passes 0, detach_passes false, compile false, "
-        "parallel ddp; see docs/method.md §5)",
+        "with schedule exact it needs pass_loss last, model.feedback_jitter 0, grad_passes 0, detach_passes false, "
+        "compile false, parallel ddp; see docs/method.md §5). Other schedules have no exact pass: there it has no "
+        "effect, so a preset's baseline can override train.schedule alone",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
     pass_loss: str = _f(
@@ -206,7 +207,7 @@ class RunConfig:
                 raise ConfigError("train.keep_best needs train.eval_every >= 1: the best model is chosen among the "
                                   "evaluations made during training")
         PassSchedule.parse(t.schedule)
-        if t.exact_mode == "sequential":
+        if t.exact_mode == "sequential" and t.schedule == EXACT:
             self._check_sequential()
         d = self.data
         # data.format auto is only resolved when the data is prepared; the trainer checks that case.
@@ -225,8 +226,6 @@ class RunConfig:
         """train.exact_mode sequential computes the exact recurrence's pass only, as it is: refuse what it cannot."""
         t = self.train
         conflicts = [
-            (t.schedule != EXACT, f"train.schedule={t.schedule!r}: it is a way to run schedule exact; set "
-                                  "train.schedule exact, or train.exact_mode jacobi"),
             (t.pass_loss != "last", f"train.pass_loss={t.pass_loss!r} scores the plain and intermediate Jacobi passes, "
                                     "which the token steps never compute; set train.pass_loss last"),
             (self.model.feedback_jitter > 0, f"model.feedback_jitter={self.model.feedback_jitter}: the Jacobi path "
@@ -240,7 +239,8 @@ class RunConfig:
         ]
         for conflict, why in conflicts:
             if conflict:
-                raise ConfigError(f"train.exact_mode sequential cannot be combined with {why}")
+                raise ConfigError(f"train.exact_mode sequential (of train.schedule exact) cannot be combined with "
+                                  f"{why}; or set train.exact_mode jacobi")
 
 
 def _type_of(cls: type, name: str) -> Any:

@@ -367,7 +367,8 @@ class Trainer:
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
         self.schedule = PassSchedule.parse(t.schedule)
-        self.sequential = t.exact_mode == "sequential"  # the config refuses it without schedule exact
+        # train.exact_mode applies to the exact schedule only (other schedules have no exact pass)
+        self.sequential = self.schedule.exact and t.exact_mode == "sequential"
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
         self.total_steps = max(1, math.ceil(t.tokens / self.tokens_per_step))
         split = dataset.split("train")
