@@ -77,7 +77,7 @@ def sequential_states(
     for t in range(T):
         x = embedded[:, t : t + 1]
         if state is not None:
-            x = torch.where(plain[:, t : t + 1, None], x, model.fusion(x, state))
+            x = torch.where(plain[:, t : t + 1, None], x, model.fusion(x, state.to(x.dtype)))  # as in forward
         # None: the one query sees every key the cache returns (SDPA's unmasked path).
         masks = {w: None if same_document is None else same_document[:, None, t : t + 1, first_visible(t, w) : t + 1]
                  for w in windows}
