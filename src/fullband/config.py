@@ -221,7 +221,6 @@ class RunConfig:
                     "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
                 )
 
-
     def _check_sequential(self) -> None:
         """train.exact_mode sequential computes the exact recurrence's pass only, as it is: refuse what it cannot."""
         t = self.train

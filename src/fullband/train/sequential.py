@@ -55,9 +55,9 @@ def sequential_states(
     segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact recurrence over ``input_ids`` (B, T), teacher-forced, with gradients: position t is fused with
-    h_{t-1} unless ``plain`` (B, T) bool marks it (position 0 must be marked). ``segment_ids`` (B, T): packed
-    documents that do not attend to each other, positions restarting at each run (the caller marks each run's
-    first position plain, see ``fullband.model.plain_positions``).
+    h_{t-1} unless ``plain`` (B, T) bool marks it (position 0, which has no h_{t-1}, is always plain).
+    ``segment_ids`` (B, T): packed documents that do not attend to each other, positions restarting at each run
+    (the caller marks each run's first position plain, see ``fullband.model.plain_positions``).
 
     Returns (logits (B, T, V), hidden (B, T, D)): what the last of K >= T Jacobi passes computes
     (``FullBandLM.iterate_passes`` with jitter 0), and what ``fullband.generation.sequential_forward`` computes
