@@ -41,11 +41,25 @@ Memory, three measures (see docs/benchmarks.md):
   The difference is the step's peak above the steady state: gradients + activations + temporaries.
 - ``cuda peak MiB`` (``--device cuda``): ``torch.cuda.max_memory_allocated`` during a step.
 
+``--exact``: the exact schedule's two paths (``train.exact_mode``) instead, on the models of the
+``state-tracking`` and ``cpu`` presets (their model sections, with feedback_jitter 0, which the sequential path
+requires) at their batch sizes, random tokens, one document of T tokens per row (so the exact K is T):
+
+- ``jacobi``: ``multipass_loss(..., passes=T, pass_loss="last")``: T passes over all T positions, gradients
+  through every pass (``train.exact_mode: jacobi``);
+- ``sequential``: ``sequential_loss``: T token steps with backpropagation through them
+  (``train.exact_mode: sequential``); the same loss and gradients.
+
+at T = 16, 32, 64, 128, interleaved per repetition (fewer repetitions at larger T), with the same memory
+measures. ``--exact-max-jacobi-gib`` skips the Jacobi path at a length whose saved activations, extrapolated
+from the previous length (they grow as T², K = T passes of T tokens), would exceed it.
+
 Usage:
     python benchmarks/train_step.py              # full run
     python benchmarks/train_step.py --quick      # smoke run (< 30 s)
     python benchmarks/train_step.py --sizes d256-L6-s1024 --variants K=1 "K=1 AC" K=3 "K=3 AC" \
         --out benchmarks/results/train_step_ac.json   # activation checkpointing
+    python benchmarks/train_step.py --exact      # jacobi vs sequential exact recurrence
 """
 
 from __future__ import annotations
@@ -63,8 +77,10 @@ import torch
 import torch.nn.functional as F
 from common import add_common_arguments, machine_info, print_header, setup_device
 
+from fullband.config import load_config
+from fullband.loading import PRESET_DIR
 from fullband.model import FullBandConfig, FullBandLM
-from fullband.train.objective import multipass_loss
+from fullband.train.objective import multipass_loss, sequential_loss
 
 SIZES = {
     "d256-L4": dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=768), batch=8, seq=256),
@@ -97,9 +113,24 @@ AC_VARIANTS = {"K=1 AC": "K=1", "K=3 AC": "K=3"}
 ALL_VARIANTS = [*VARIANTS, *AC_VARIANTS]
 
 
+# --exact: the presets whose models are compared, and the sequence lengths with their repetitions (the Jacobi
+# step grows as T², so fewer at large T).
+EXACT_PRESETS = ("state-tracking", "cpu")
+EXACT_LENGTHS = {16: 3, 32: 3, 64: 2, 128: 2}
+QUICK_EXACT_LENGTHS = {8: 2, 16: 2}
+EXACT_VARIANTS = ("jacobi", "sequential")
+
+
+def exact_size(preset: str, seq: int) -> dict:
+    """The preset's model (jitter 0: the sequential path refuses jitter) and batch at sequence length ``seq``."""
+    config = load_config(PRESET_DIR / f"{preset}.yaml")
+    model = {**config.model.to_dict(), "feedback_jitter": 0.0, "max_seq_len": max(seq, config.model.max_seq_len)}
+    return dict(model=model, batch=config.train.batch_size, seq=seq, exact=True)
+
+
 def build(size: dict, device, dtype, seed: int = 0):
     torch.manual_seed(seed)
-    cfg = FullBandConfig(max_seq_len=size["seq"], **size["model"])
+    cfg = FullBandConfig(**{"max_seq_len": size["seq"], **size["model"]})
     model = FullBandLM(cfg).to(device=device, dtype=dtype).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     g = torch.Generator().manual_seed(seed)
@@ -112,6 +143,19 @@ def forward_backward(model, ids, targets, variant: str, generator) -> None:
     its graph) outlives the forward, as in the trainer's step (``multipass_loss`` keeps no pass's logits):
     no Python reference keeps the logits alive through the backward."""
     model.set_activation_checkpointing(1 if variant in AC_VARIANTS else 0)
+    if variant in EXACT_VARIANTS:
+        T = ids.shape[1]
+        if variant == "jacobi":
+            out = multipass_loss(model, ids, targets, T, pass_loss="last", prefix_mixin=0.0)
+        else:
+            out = sequential_loss(model, ids, targets)
+        # As the trainer does: the reported per-pass losses (with the graphs of the passes that carry no loss)
+        # live through the backward.
+        loss, pass_losses = out.loss, out.pass_losses
+        del out
+        loss.backward()
+        del pass_losses
+        return
     passes, backward = VARIANTS[AC_VARIANTS.get(variant, variant)]
     if passes == 0:
         loss = F.cross_entropy(model(ids).logits.flatten(0, 1).float(), targets.flatten())
@@ -198,7 +242,11 @@ def saved_activation_bytes(model, ids, targets, variant: str) -> int:
     with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
         forward_backward(model, ids, targets, variant, generator)
     model.zero_grad(set_to_none=True)
-    if counter.live:
+    # The exception: the Jacobi path with pass_loss last does not backpropagate the loss of passes 1..K-1 (weight
+    # 0). Their log-softmax nodes save their own output, and through the pack handle that output keeps its node
+    # alive: a cycle only the backward breaks, so under these hooks they outlive the step (without the hooks
+    # they are freed with the reported losses). They are counted in the peak while the step holds them.
+    if counter.live and variant != "jacobi":
         raise RuntimeError(f"{variant}: {len(counter.live)} saved storages still held after the backward")
     return counter.peak
 
@@ -206,7 +254,7 @@ def saved_activation_bytes(model, ids, targets, variant: str) -> int:
 def rss_child(size_name: str, variant: str, quick: bool, threads: int) -> None:
     """Subprocess entry: peak RSS of two training steps above the steady state (model + AdamW state)."""
     torch.set_num_threads(threads)
-    size = (QUICK_SIZES if quick else SIZES)[size_name]
+    size = size_by_name(size_name, quick)
     model, opt, ids, targets = build(size, "cpu", torch.float32)
     for p in model.parameters():  # create the AdamW state (exp_avg, exp_avg_sq) with one zero-gradient step
         p.grad = torch.zeros_like(p)
@@ -224,6 +272,14 @@ def rss_child(size_name: str, variant: str, quick: bool, threads: int) -> None:
         train_step(model, opt, ids, targets, variant, generator)
     after = proc_status_kib("VmHWM")
     print(json.dumps({"hwm_before_kib": before, "hwm_after_kib": after, "rss_before_kib": proc_status_kib("VmRSS")}))
+
+
+def size_by_name(name: str, quick: bool) -> dict:
+    """A size of SIZES (QUICK_SIZES), or ``exact:<preset>:<T>`` for --exact."""
+    if name.startswith("exact:"):
+        _, preset, seq = name.split(":")
+        return exact_size(preset, int(seq))
+    return (QUICK_SIZES if quick else SIZES)[name]
 
 
 def proc_status_kib(key: str) -> int:
@@ -252,9 +308,13 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
+def bench_size(name: str, size: dict, args, device, dtype, sync, labels: list[str] | None = None,
+               repeats: int | None = None, ratio_bases: tuple[str, ...] = ("K=1", "plain")) -> dict:
+    """Interleaved timing and memory of ``labels`` (default: every variant of VARIANTS) at one size; step-time
+    ratios paired within a repetition against each of ``ratio_bases``."""
     model, opt, ids, targets = build(size, device, dtype)
-    labels = args.variants
+    labels = args.variants if labels is None else labels
+    repeats = args.repeats if repeats is None else repeats
     generator = torch.Generator(device=device).manual_seed(0)
     cuda = device.type == "cuda"
     for v in labels:  # warm-up (also creates the AdamW state)
@@ -262,7 +322,7 @@ def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
     sync()
     times: dict[str, list[float]] = {v: [] for v in labels}
     cuda_peak: dict[str, int] = {}
-    for rep in range(args.repeats):
+    for rep in range(repeats):
         order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
         for v in order:
             if cuda:
@@ -274,7 +334,7 @@ def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
             times[v].append(time.perf_counter() - t0)
             if cuda:
                 cuda_peak[v] = max(cuda_peak.get(v, 0), torch.cuda.max_memory_allocated())
-        print(f"  {name}: repetition {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+        print(f"  {name}: repetition {rep + 1}/{repeats}", file=sys.stderr, flush=True)
     opt.zero_grad(set_to_none=True)
     saved = {v: None if v in AC_VARIANTS else saved_activation_bytes(model, ids, targets, v) for v in labels}
     rss = {}
@@ -282,11 +342,11 @@ def bench_size(name: str, size: dict, args, device, dtype, sync) -> dict:
         rss = {v: peak_rss_delta_mib(name, v, args.quick, args.threads) for v in labels}
     variants = {}
     for v in labels:
+        ratios = {f"ratio_vs_{b.replace('=', '')}": summary([x / y for x, y in zip(times[v], times[b], strict=True)])
+                  for b in ratio_bases if b in times}
         variants[v] = {
             "step_s": summary(times[v]),
-            "ratio_vs_K1": summary([a / b for a, b in zip(times[v], times["K=1"], strict=True)]),
-            "ratio_vs_plain": (summary([a / b for a, b in zip(times[v], times["plain"], strict=True)])
-                               if "plain" in times else None),
+            **ratios,
             "saved_activation_bytes": saved[v],
             "peak_rss_delta_mib": rss.get(v),
             "cuda_max_allocated_bytes": cuda_peak.get(v),
@@ -329,6 +389,72 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def bench_exact(args, device, dtype, sync) -> dict:
+    """--exact: jacobi vs sequential per preset model and sequence length."""
+    lengths = QUICK_EXACT_LENGTHS if args.quick else EXACT_LENGTHS
+    results: dict[str, dict] = {}
+    for preset in args.exact_presets:
+        previous = None  # (T, Jacobi saved bytes) of the last length that ran it
+        for seq, repeats in lengths.items():
+            labels = list(EXACT_VARIANTS)
+            skipped = None
+            if previous is not None:
+                expected = previous[1] * (seq / previous[0]) ** 2
+                if expected > args.exact_max_jacobi_gib * 2**30:
+                    labels, skipped = ["sequential"], f"~{expected / 2**30:.1f} GiB of saved activations expected"
+            name = f"exact:{preset}:{seq}"
+            res = bench_size(name, exact_size(preset, seq), args, device, dtype, sync, labels=labels,
+                             repeats=args.repeats or repeats, ratio_bases=("jacobi",))
+            res["preset"], res["jacobi_skipped"] = preset, skipped
+            if skipped is None:
+                previous = (seq, res["variants"]["jacobi"]["saved_activation_bytes"])
+            results[name] = res
+    return results
+
+
+def exact_table(results: dict) -> str:
+    lines = [
+        "| preset model | batch | T | path | step s, median | step s, best | sequential / jacobi, paired "
+        "| best / best | saved MiB | peak RSS Δ MiB | cuda peak MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results.values():
+        jacobi = res["variants"].get("jacobi")
+        for v, r in res["variants"].items():
+            rss, cuda = r["peak_rss_delta_mib"], r["cuda_max_allocated_bytes"]
+            paired = fmt_ratio(r["ratio_vs_jacobi"]) if v == "sequential" and jacobi else "-"
+            best = f"{r['step_s']['min'] / jacobi['step_s']['min']:.2f}" if v == "sequential" and jacobi else "-"
+            lines.append(
+                f"| {res['preset']} | {res['batch']} | {res['seq']} | {v} | {r['step_s']['median']:.3f} "
+                f"| {r['step_s']['min']:.3f} | {paired} | {best} | {r['saved_activation_bytes'] / 2**20:.1f} "
+                f"| {'-' if rss is None else f'{rss:.0f}'} | {'-' if cuda is None else f'{cuda / 2**20:.0f}'} |"
+            )
+        if res["jacobi_skipped"]:
+            lines.append(f"| {res['preset']} | {res['batch']} | {res['seq']} | jacobi | not run: "
+                         f"{res['jacobi_skipped']} | | | | | | |")
+    return "\n".join(lines)
+
+
+def crossovers(results: dict) -> dict[str, str]:
+    """Per preset model: the shortest T from which the sequential path is faster (paired median < 1), or why
+    there is none."""
+    found = {}
+    for preset in sorted({r["preset"] for r in results.values()}):
+        rows = [(r["seq"], r["variants"]["sequential"].get("ratio_vs_jacobi")) for r in results.values()
+                if r["preset"] == preset]
+        measured = [(seq, ratio["median"]) for seq, ratio in rows if ratio is not None]
+        faster = [seq for seq, median in measured if median < 1]
+        if not measured:
+            found[preset] = "no length measured both paths"
+        elif len(faster) == len(measured):
+            found[preset] = f"sequential faster at every measured T ({measured[0][0]}..{measured[-1][0]})"
+        elif not faster:
+            found[preset] = f"jacobi faster at every measured T ({measured[0][0]}..{measured[-1][0]})"
+        else:
+            found[preset] = f"sequential faster from T = {min(faster)} (faster at {faster})"
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(
@@ -341,13 +467,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS),
                    help=f"variants to run, K=1 among them (default: all but the AC ones); choose from {ALL_VARIANTS}")
     p.add_argument("--no-rss", dest="rss", action="store_false", help="skip the per-variant RSS subprocesses")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/train_step[_quick].json)")
+    p.add_argument("--out", default=None,
+                   help="JSON path (default benchmarks/results/train_step[_exact][_quick].json)")
+    p.add_argument("--exact", action="store_true",
+                   help="compare the exact schedule's jacobi and sequential paths (train.exact_mode) instead")
+    p.add_argument("--exact-presets", nargs="+", default=list(EXACT_PRESETS), choices=EXACT_PRESETS,
+                   help="--exact: the presets whose models are compared (default: both)")
+    p.add_argument("--exact-max-jacobi-gib", type=float, default=6.0,
+                   help="--exact: skip the Jacobi path where its saved activations would exceed this (default 6)")
     p.add_argument("--_rss-child", nargs=2, metavar=("SIZE", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.out is None:
-        args.out = "benchmarks/results/train_step" + ("_quick" if args.quick else "") + ".json"
+        suffix = ("_exact" if args.exact else "") + ("_quick" if args.quick else "")
+        args.out = f"benchmarks/results/train_step{suffix}.json"
     if args._rss_child:
         rss_child(*args._rss_child, quick=args.quick, threads=args.threads)
+        return
+    if args.exact:
+        run_exact(args, argv, p)
         return
     if args.repeats is None:
         args.repeats = 2 if args.quick else 5
@@ -395,6 +532,33 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": elapsed,
         "results": results,
     }
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+def run_exact(args, argv: list[str] | None, p: argparse.ArgumentParser) -> None:
+    device, dtype, sync = setup_device(args, p)
+    started = time.time()
+    results = bench_exact(args, device, dtype, sync)
+    elapsed = time.time() - started
+    machine = machine_info(args.threads, args.device)
+    command = print_header("train-step benchmark: the exact recurrence, jacobi vs sequential", argv, machine, args)
+    print("Models of the state-tracking and cpu presets (feedback_jitter 0), their batch sizes, one document of T "
+          "random tokens per row (exact K = T); AdamW. 'paired': sequential / jacobi step time within a repetition, "
+          "median (min–max); 'best': fastest steps' ratio. saved: activation bytes autograd keeps for the backward; "
+          "peak RSS Δ: step peak above model + AdamW state, fresh process per path.\n")
+    print(exact_table(results))
+    found = crossovers(results)
+    for preset, text in found.items():
+        print(f"\ncrossover, {preset}: {text}")
+    print(f"\nwall time {elapsed:.1f} s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": "train_step_exact", "command": command, "machine": machine,
+               "settings": {"repeats": args.repeats, "lengths": QUICK_EXACT_LENGTHS if args.quick else EXACT_LENGTHS,
+                            "dtype": args.dtype, "quick": args.quick, "rss": args.rss,
+                            "exact_max_jacobi_gib": args.exact_max_jacobi_gib},
+               "wall_s": elapsed, "crossover": found, "results": results}
     out.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"wrote {out}")
 

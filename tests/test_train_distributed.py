@@ -1,6 +1,7 @@
 """Two CPU processes under torch.distributed.run (gloo) give the same per-step losses as one process with
 the same global batch, for DDP and FSDP2, including fused steps with prefix mixin and jitter; DCP checkpoints
-resume at another world size (2 -> 1, 1 -> 2) as the uninterrupted run."""
+resume at another world size (2 -> 1, 1 -> 2) as the uninterrupted run; the sequential exact mode under DDP
+equals the Jacobi mode."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import test_train
 import torch
 from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
+from test_train_curriculum import _prompt_answer_data
 
 from fullband.config import build_config
 from fullband.storage import list_checkpoints, read_model_weights
@@ -139,3 +141,20 @@ def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data
         assert theirs.keys() == weights.keys()
         for k in weights:
             assert (theirs[k] - weights[k]).abs().max() < 1e-4, (run, k)
+
+
+def test_sequential_exact_mode_under_ddp_equals_the_jacobi_mode(tmp_path):
+    """train.exact_mode sequential runs T model forwards before one backward inside the DDP-wrapped objective:
+    under two processes its steps equal the Jacobi mode's (packed records, grad accumulation, prefix mixin)."""
+    data = _prompt_answer_data(tmp_path, (1, 8), 120)
+    runs = {}
+    for mode in ("jacobi", "sequential"):
+        raw = tiny_raw(data=data, model={"feedback_jitter": 0.0, "sliding_window": 4},
+                       train={"schedule": "exact", "exact_mode": mode, "pass_loss": "last", "prefix_mixin": 1.0,
+                              "grad_accum": 2, "tokens": steps_of(2, 2), "warmup_steps": 1})
+        _torchrun(write_yaml(tmp_path / f"{mode}.yaml", raw), tmp_path / mode, tmp_path / "data")
+        runs[mode] = read_metrics(tmp_path / mode)
+    assert [r["passes"] for r in runs["jacobi"]] == [r["passes"] for r in runs["sequential"]]
+    for a, b in zip(runs["jacobi"], runs["sequential"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)

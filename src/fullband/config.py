@@ -18,7 +18,7 @@ import yaml
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
 from fullband.model import REMOVED_FIELDS, REMOVED_IN, FullBandConfig
-from fullband.schedule import EXACT, PASS_LOSSES, PassSchedule
+from fullband.schedule import EXACT, EXACT_MODES, PASS_LOSSES, PassSchedule
 
 
 def _f(default: Any, help: str) -> Any:
@@ -50,6 +50,14 @@ class TrainConfig:
         "short documents first: over this fraction of the steps, batches come only from windows whose longest "
         "document fits a limit growing linearly from the shortest to the longest such document; then the shuffled "
         "epochs. 0 = off; isolated-document data only (chat, prompt_answer)",
+    )
+    exact_mode: str = _f(
+        "jacobi",
+        "how schedule exact computes the exact recurrence: 'jacobi' (K passes over all positions, K = the longest "
+        "document) or 'sequential' (token by token with backpropagation through the steps: the FLOPs of one pass; "
+        "with schedule exact it needs pass_loss last, model.feedback_jitter 0, grad_passes 0, detach_passes false, "
+        "compile false, parallel ddp; see docs/method.md §5). Other schedules have no exact pass: there it has no "
+        "effect, so a preset's baseline can override train.schedule alone",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
     pass_loss: str = _f(
@@ -189,7 +197,7 @@ class RunConfig:
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
                    "parallel": ("ddp", "fsdp"), "checkpoint_format": ("auto", "dcp", "full"),
                    "dtype": ("auto", "float32", "bfloat16"),
-                   "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES}
+                   "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES, "exact_mode": EXACT_MODES}
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
@@ -218,6 +226,8 @@ class RunConfig:
                               f"block: the model has {self.model.n_layers}. Use full, or selective:N with N <= "
                               f"{self.model.n_layers}.")
         PassSchedule.parse(t.schedule)
+        if t.exact_mode == "sequential" and t.schedule == EXACT:
+            self._check_sequential()
         d = self.data
         # data.format auto is only resolved when the data is prepared; the trainer checks that case.
         text_stream = d.isolate_documents is False or (d.isolate_documents is None and d.format == "text")
@@ -229,6 +239,26 @@ class RunConfig:
                     f"{d.format!r} with data.isolate_documents={d.isolate_documents} cuts a text stream into windows. "
                     "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
                 )
+
+    def _check_sequential(self) -> None:
+        """train.exact_mode sequential computes the exact recurrence's pass only, as it is: refuse what it cannot."""
+        t = self.train
+        conflicts = [
+            (t.pass_loss != "last", f"train.pass_loss={t.pass_loss!r} scores the plain and intermediate Jacobi passes, "
+                                    "which the token steps never compute; set train.pass_loss last"),
+            (self.model.feedback_jitter > 0, f"model.feedback_jitter={self.model.feedback_jitter}: the Jacobi path "
+                                             "jitters each pass's states, which has no token-by-token form; set "
+                                             "model.feedback_jitter 0"),
+            (t.grad_passes > 0, f"train.grad_passes={t.grad_passes} truncates Jacobi passes; there are none: set 0"),
+            (t.detach_passes, "train.detach_passes detaches states between Jacobi passes; there are none: set false"),
+            (t.compile, "train.compile compiles FullBandLM.forward, which the token steps do not call: set false"),
+            (t.parallel == "fsdp", "train.parallel fsdp: FSDP2 gathers the root module's weights in its forward, "
+                                   "which the token steps do not call; use train.parallel ddp"),
+        ]
+        for conflict, why in conflicts:
+            if conflict:
+                raise ConfigError(f"train.exact_mode sequential (of train.schedule exact) cannot be combined with "
+                                  f"{why}; or set train.exact_mode jacobi")
 
 
 def checkpoint_interval(setting: str) -> int:

@@ -433,9 +433,7 @@ class FullBandLM(nn.Module):
             position_ids = segment_positions(segment_ids)
         if position_ids is None:
             position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
-        angles = position_ids.unsqueeze(-1).float() * self.inv_freq
-        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)  # (B, 1, T, hd)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = self.rotary(position_ids, x.dtype)
 
         masks = self._attention_masks(B, T, start, attention_mask, cache, segment_ids)
         # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
@@ -456,6 +454,12 @@ class FullBandLM(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
         return ModelOutput(logits=logits, hidden=hidden, past_key_values=cache if use_cache else None)
+
+    def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions; angles in float32."""
+        angles = position_ids.unsqueeze(-1).float() * self.inv_freq
+        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def prefill(
         self,
@@ -612,22 +616,10 @@ class FullBandLM(nn.Module):
             raise ValueError(f"passes must be >= 1, got {passes}")
         if grad_passes is not None and grad_passes < 1:
             raise ValueError(f"grad_passes must be None (all passes) or >= 1, got {grad_passes}")
-        B, T = input_ids.shape
-        device = input_ids.device
         if jitter is None:
             jitter = self.config.feedback_jitter if self.training else 0.0
-        plain = torch.zeros(B, T, dtype=torch.bool, device=device)
-        plain[:, 0] = True
-        if plain_mask is not None:
-            plain |= plain_mask.to(device=device, dtype=torch.bool)
-        if bos_token_id is not None:
-            plain |= input_ids == bos_token_id
-        if segment_ids is not None:
-            plain[:, 1:] |= segment_ids[:, 1:] != segment_ids[:, :-1]
-        if prefix_mixin > 0 and passes > 1:
-            max_prefix = max(1, math.ceil(prefix_mixin * T))
-            p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
-            plain |= torch.arange(T, device=device).unsqueeze(0) <= p
+        plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids,
+                                prefix_mixin if passes > 1 else 0.0, generator)
         forward = dict(attention_mask=attention_mask, position_ids=position_ids, segment_ids=segment_ids)
         return self._passes(input_ids, passes, plain, jitter, detach, generator, grad_passes, forward)
 
@@ -726,6 +718,34 @@ def uniform(
     if isinstance(generator, (list, tuple)):
         return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generator])
     return torch.rand(shape, generator=generator, device=device, dtype=dtype)
+
+
+def plain_positions(
+    input_ids: torch.Tensor,
+    plain_mask: torch.Tensor | None = None,
+    bos_token_id: int | None = None,
+    segment_ids: torch.Tensor | None = None,
+    prefix_mixin: float = 0.0,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> torch.Tensor:
+    """(B, T) bool: the positions of ``input_ids`` that take no feedback (see ``FullBandLM.iterate_passes``):
+    position 0, ``plain_mask``, ``bos_token_id`` tokens, the first position of each ``segment_ids`` run, and
+    with ``prefix_mixin`` = f > 0 a prefix t <= p, p ~ U{0, .., ceil(f·T) - 1} per row (drawn from ``generator``)."""
+    B, T = input_ids.shape
+    device = input_ids.device
+    plain = torch.zeros(B, T, dtype=torch.bool, device=device)
+    plain[:, 0] = True
+    if plain_mask is not None:
+        plain |= plain_mask.to(device=device, dtype=torch.bool)
+    if bos_token_id is not None:
+        plain |= input_ids == bos_token_id
+    if segment_ids is not None:
+        plain[:, 1:] |= segment_ids[:, 1:] != segment_ids[:, :-1]
+    if prefix_mixin > 0:
+        max_prefix = max(1, math.ceil(prefix_mixin * T))
+        p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
+        plain |= torch.arange(T, device=device).unsqueeze(0) <= p
+    return plain
 
 
 def max_relative_change(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,6 +36,9 @@ class Phase:
 
 
 EXACT = "exact"
+# How the exact schedule computes its last pass (train.exact_mode): "jacobi", K passes over every position, or
+# "sequential", the recurrence token by token (fullband.train.sequential).
+EXACT_MODES = ("jacobi", "sequential")
 
 # Which passes carry the loss: "paper" is Eq. 12, L1 + λ·mean(L2..LK); "last" is LK alone (with the exact
 # schedule, the exact recurrence); "paper+last" is Eq. 12 + LK. The last two are beyond the paper.

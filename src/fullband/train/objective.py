@@ -7,6 +7,7 @@ pass comes out, so a detached pass can be backpropagated (and its graph freed) b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullband.data.shards import IGNORE_INDEX
-from fullband.model import FullBandLM
+from fullband.model import FullBandLM, plain_positions
 from fullband.schedule import PASS_LOSSES
+from fullband.train.sequential import sequential_states
 
 
 @dataclass
@@ -63,39 +65,77 @@ def multipass_loss(
         raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
     if backward_scale is not None and not detach:
         raise ValueError("backward_scale needs detach=True (without detach, passes share one graph)")
-    # Mean over valid labels, written as sum / count so that a batch whose targets are all masked (e.g. a
-    # window inside a long user turn) contributes 0 instead of NaN.
-    valid = (labels != ignore_index).flatten()
-    count = valid.sum().clamp_min(1)
     terms, pass_losses = [], []
     for k, step in enumerate(model.iterate_passes(input_ids, passes, detach=detach, **recurrence)):
-        logits = step.logits.flatten(0, 1)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in float32
-        pass_ce = F.cross_entropy(logits, labels.flatten(), ignore_index=ignore_index, reduction="sum") / count
         weight = pass_weight(k, passes, pass_loss, later_pass_weight)
-        # A pass without weight adds no graph: its loss is reported, not backpropagated.
-        term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
-        if z_loss > 0:
-            lse = logits.logsumexp(-1)
-            term = term + z_loss / passes * (lse.pow(2) * valid).sum() / count
+        term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index)
         if backward_scale is not None and term.requires_grad:
             # With detached states, pass k's graph is not needed after its own loss term: backpropagate and
             # free it now, before the next pass is built.
             (backward_scale * term).backward()
             term, pass_ce = term.detach(), pass_ce.detach()
-        del step, logits  # hold no pass's outputs while the next pass runs
+        del step  # hold no pass's outputs while the next pass runs
         terms.append(term)
         pass_losses.append(pass_ce)
     return ObjectiveOutput(loss=torch.stack(terms).sum(), pass_losses=pass_losses)
 
 
+def _pass_term(
+    logits: torch.Tensor, labels: torch.Tensor, weight: float, z_loss: float, ignore_index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight × the pass's next-token loss + z_loss × mean(logsumexp²), the next-token loss) of one pass's
+    (B, T, V) logits."""
+    # Mean over valid labels, written as sum / count so that a batch whose targets are all masked (e.g. a
+    # window inside a long user turn) contributes 0 instead of NaN.
+    valid = (labels != ignore_index).flatten()
+    count = valid.sum().clamp_min(1)
+    logits = logits.flatten(0, 1)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in float32
+    pass_ce = F.cross_entropy(logits, labels.flatten(), ignore_index=ignore_index, reduction="sum") / count
+    # A pass without weight adds no graph: its loss is reported, not backpropagated.
+    term = pass_ce * weight if weight > 0 else pass_ce.detach() * 0.0
+    if z_loss > 0:
+        term = term + z_loss * (logits.logsumexp(-1).pow(2) * valid).sum() / count
+    return term, pass_ce
+
+
+def sequential_loss(
+    model: FullBandLM,
+    input_ids: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    z_loss: float = 0.0,
+    ignore_index: int = IGNORE_INDEX,
+    plain_mask: torch.Tensor | None = None,
+    bos_token_id: int | None = None,
+    segment_ids: torch.Tensor | None = None,
+    prefix_mixin: float = 0.0,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> ObjectiveOutput:
+    """The next-token loss of the exact recurrence, computed token by token (``fullband.train.sequential``):
+    with jitter 0, the loss and gradients of ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest
+    document, at the FLOPs of one pass. The plain positions are those of ``iterate_passes`` (``plain_mask``,
+    ``bos_token_id``, document starts of ``segment_ids``, a ``prefix_mixin`` prefix drawn from ``generator``
+    as a K >= 2 Jacobi step draws it). ``z_loss`` adds z_loss·mean(logsumexp²) of this one pass (the Jacobi
+    objective averages it over all K passes, so with z-loss the two differ). ``pass_losses`` holds the one
+    pass's loss."""
+    plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids, prefix_mixin, generator)
+    logits, _ = sequential_states(model, input_ids, plain, segment_ids)
+    term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index)
+    return ObjectiveOutput(loss=term, pass_losses=[pass_ce])
+
+
 class MultipassObjective(nn.Module):
-    """``multipass_loss`` as a module's ``forward``, so that DDP sees the loss (DDP hooks ``__call__``) and
-    FSDP's hooks run around each pass of the wrapped model."""
+    """``multipass_loss`` (or with ``sequential``, ``sequential_loss``) as a module's ``forward``, so that DDP
+    sees the loss (DDP hooks ``__call__``) and FSDP's hooks run around each pass of the wrapped model."""
 
     def __init__(self, model: FullBandLM):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor, passes: int, **kwargs: Any) -> ObjectiveOutput:
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor, passes: int, sequential: bool = False, **kwargs: Any
+    ) -> ObjectiveOutput:
+        if sequential:  # the exact recurrence token by token: no passes (kwargs: those of sequential_loss)
+            return sequential_loss(self.model, input_ids, labels, **kwargs)
         return multipass_loss(self.model, input_ids, labels, passes, **kwargs)

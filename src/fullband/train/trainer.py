@@ -73,7 +73,7 @@ class TrainResult:
     out_dir: Path
     steps: int
     tokens: int
-    compute_tokens: int  # token-equivalent compute: sum over steps of tokens × passes
+    compute_tokens: int  # token-equivalent compute: sum over steps of tokens × passes computed (_passes_computed)
     skipped_steps: int
     finished: bool  # False when stopped by train.stop_after_steps
     final_eval: EvalResult | None
@@ -86,7 +86,7 @@ class TrainState:
 
     step: int = 0
     tokens: int = 0
-    compute_tokens: int = 0  # token-equivalent compute: sum over steps of tokens × passes
+    compute_tokens: int = 0  # token-equivalent compute: sum over steps of tokens × passes computed
     skipped_steps: int = 0
     consecutive_bad_steps: int = 0
 
@@ -410,6 +410,8 @@ class Trainer:
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
         self.schedule = PassSchedule.parse(t.schedule)
+        # train.exact_mode applies to the exact schedule only (other schedules have no exact pass)
+        self.sequential = self.schedule.exact and t.exact_mode == "sequential"
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
         # The format written; resuming reads either, whatever world size wrote it (DCP reshards).
         self.checkpoint_format = t.checkpoint_format if t.checkpoint_format != "auto" else (
@@ -515,8 +517,9 @@ class Trainer:
         passes = self._passes_for_step(step, windows)
         lr = set_lr(self.optimizers, lr_multiplier(step, self.total_steps, t))
         z_loss = t.z_loss if (not t.z_loss_cooldown_only or in_cooldown(step, self.total_steps, t)) else 0.0
-        # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass.
-        loss_sums = torch.zeros(1 + passes, dtype=torch.float64, device=self.device)
+        # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass. The
+        # sequential exact mode computes one pass, the exact recurrence: [loss, its loss].
+        loss_sums = torch.zeros(1 + self._passes_computed(passes), dtype=torch.float64, device=self.device)
         for micro, micro_windows in enumerate(windows):
             batch = self.loader.batch(micro_windows).to(self.device)
             generators = self._row_generators(step, micro, passes)
@@ -537,7 +540,7 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         state.step += 1
         state.tokens += self.tokens_per_step
-        state.compute_tokens += self.tokens_per_step * passes
+        state.compute_tokens += self.tokens_per_step * self._passes_computed(passes)
         return {"step": state.step, "tokens": state.tokens, "compute_tokens": state.compute_tokens, "loss": loss,
                 "passes": passes, "pass_losses": values[1:-1], "lr": lr, "grad_norm": grad_norm, "skipped": not good}
 
@@ -546,22 +549,32 @@ class Trainer:
     ) -> torch.Tensor:
         """One micro-batch through the objective: forward and backward, the loss scaled by 1 / grad_accum (pass by
         pass when detached passes are backpropagated one at a time). DDP synchronises gradients only when
-        ``sync`` (the step's last micro-batch). Returns [loss, pass 1 loss, ..., pass K loss], detached, float64."""
+        ``sync`` (the step's last micro-batch). Returns [loss, pass 1 loss, ..., pass K loss] (sequential exact mode:
+        [loss, the exact recurrence's loss]), detached, float64."""
         t = self.train_cfg
+        common = dict(input_ids=batch.input_ids, labels=batch.targets, passes=passes, plain_mask=batch.plain_mask,
+                      segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators)
+        if self.sequential:
+            # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
+            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0)
+        else:
+            options = dict(prefix_mixin=t.prefix_mixin, detach=t.detach_passes, later_pass_weight=t.later_pass_weight,
+                           pass_loss=t.pass_loss, backward_scale=self.per_pass_backward,
+                           grad_passes=t.grad_passes or None)
         no_sync = not sync and hasattr(self.objective, "no_sync")
         with self.objective.no_sync() if no_sync else contextlib.nullcontext():
             with self.autocast:
-                out = self.objective(
-                    input_ids=batch.input_ids, labels=batch.targets, passes=passes, plain_mask=batch.plain_mask,
-                    segment_ids=batch.segment_ids, prefix_mixin=t.prefix_mixin, detach=t.detach_passes,
-                    later_pass_weight=t.later_pass_weight, pass_loss=t.pass_loss, z_loss=z_loss,
-                    generator=generators, backward_scale=self.per_pass_backward, grad_passes=t.grad_passes or None,
-                )
+                out = self.objective(**common, **options)
             loss, pass_losses = out.loss, out.pass_losses
             del out  # hold no pass's outputs through the backward
             if self.per_pass_backward is None:
                 (loss / t.grad_accum).backward()
         return torch.stack([v.detach().double() for v in (loss, *pass_losses)])
+
+    def _passes_computed(self, passes: int) -> int:
+        """Passes over the step's tokens that a K-pass step computes: K, or with the sequential exact mode one
+        (T token steps with cached keys: the FLOPs of one pass)."""
+        return 1 if self.sequential else passes
 
     def _passes_for_step(self, step: int, windows: list[np.ndarray]) -> int:
         if self.schedule.exact:
