@@ -4,16 +4,15 @@ greedy tokens and chat template must be transformers' own, and ``fullband serve`
 with them through the ``openai`` client.
 
 Nothing is downloaded: without the package (or ``gguf``) the module skips and says what to install; CI installs
-both (scripts/setup.sh). The model is converted once per module (~15 s of the module's ~30 s, mostly transformers
-dequantizing the GGUF and rebuilding its tokenizer)."""
+both (scripts/setup.sh). The model is converted once per module; most of the module's time is transformers
+dequantizing the GGUF and rebuilding its tokenizer, twice (the conversion and the reference)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
-import os
-import subprocess
-import sys
+import io
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ import openai  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from fullband.cli import main  # noqa: E402
 from fullband.data.chat import apply_chat_template  # noqa: E402
 from fullband.data.tokenizers import load_tokenizer  # noqa: E402
 from fullband.decoding import DecodeSettings  # noqa: E402
@@ -47,12 +47,12 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def converted(tmp_path_factory):
     """(fullband model dir, fullband model, transformers model, transformers tokenizer), float32."""
     out = tmp_path_factory.mktemp("smollm2") / "fb"
-    # The command line, as a user runs it: its output must name the stored decode mode.
-    done = subprocess.run([sys.executable, "-m", "fullband", "convert", "--from-hf", str(GGUF.parent),
-                           "--gguf-file", GGUF.name, "--out", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr
-    assert "stored decode mode: standard" in done.stdout and "--init-from" in done.stdout
+    # The command line, as a user runs it (in this process: a second one would import torch and transformers
+    # again); its output must name the stored decode mode.
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["convert", "--from-hf", str(GGUF.parent), "--gguf-file", GGUF.name, "--out", str(out)]) == 0
+    assert "stored decode mode: standard" in stdout.getvalue() and "--init-from" in stdout.getvalue()
     hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
     return out, FullBandLM.from_pretrained(out).eval(), hf, tok
@@ -86,15 +86,20 @@ def test_logits_equal_transformers(converted):
 
 
 def test_greedy_tokens_equal_transformers_generate(converted):
-    """16 greedy tokens through fullband's KV cache equal transformers' generate(), and answer the question."""
+    """Greedy tokens through fullband's KV cache equal transformers' generate(): the chat answer up to its end of
+    turn (which must answer the question), and 16 tokens continuing a code prompt (no early end)."""
     _, fb, hf, tok = converted
-    ids = _chat_ids(tok)
-    with torch.no_grad():
-        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
-                             min_new_tokens=16)[0, ids.shape[1]:]
-    ours = generate(fb, ids, 16, mode="standard")[0]
-    assert ours.tolist() == theirs.tolist()
-    assert "Paris" in tok.decode(ours)
+    code = torch.tensor([tok.encode("def fibonacci(n):\n    ")])
+    for ids, eos in ((_chat_ids(tok), tok.eos_token_id), (code, None)):
+        with torch.no_grad():
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                 eos_token_id=eos)[0, ids.shape[1]:]
+        ours = generate(fb, ids, 16, mode="standard", eos_token_id=eos)[0]
+        assert ours[: len(theirs)].tolist() == theirs.tolist()
+        if eos is None:
+            assert len(theirs) == 16
+        else:
+            assert theirs[-1] == eos and "Paris" in tok.decode(theirs)
 
 
 def test_chat_template_kept(converted):
