@@ -480,3 +480,14 @@ def test_gguf_file_errors_are_clear(tmp_path, monkeypatch):
     if real_find_spec("gguf") is not None:
         with pytest.raises(ConfigError, match="transformers cannot read this GGUF file"):
             convert_from_hf(tmp_path, tmp_path / "out", gguf_file="model.gguf")
+
+
+def test_convert_command_says_which_mode_it_stores(tmp_path, capsys):
+    from fullband.cli import main
+
+    src, _ = _save_hf(tmp_path, "llama_gqa")
+    assert main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "fb")]) == 0
+    out = capsys.readouterr().out
+    assert "stored decode mode: standard" in out and "--model.fusion_init identity" in out
+    assert main(["convert", "--from-hf", str(src), "--gguf-file", "absent.gguf", "--out", str(tmp_path / "x")]) == 2
+    assert "no such GGUF file" in capsys.readouterr().err
