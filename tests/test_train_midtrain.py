@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import test_train
 import torch
@@ -88,3 +90,30 @@ def test_init_from_a_model_dir_with_a_smaller_vocabulary(standard_run, tmp_path)
     prepare_dataset(bpe_cfg.data, tmp_path / "bpe-data")
     with pytest.raises(DataError, match="300 tokens but the model's vocabulary has 259"):
         train(bpe_cfg, tmp_path / "mid", data_dir=tmp_path / "bpe-data", init_from=bare)
+
+
+def _evals(run) -> list[dict]:
+    return [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines() if line]
+
+
+def test_init_from_with_an_identity_fusion_starts_at_the_source_model_in_every_mode(standard_run, tmp_path,
+                                                                                      parity_data):
+    """--model.fusion add --model.fusion_init identity with --init-from, and eval.at_start: the step-0
+    evaluation (before any update) gives every decode mode the source's standard loss; the paper's fresh gate
+    does not (its standard loss is the source's too: the trunk is the same). Training then moves the zero
+    projection."""
+    runs = {}
+    for fusion, init in (("add", "identity"), ("gate", "random")):
+        cfg = tiny_config(train={"tokens": steps_of(2), "schedule": "fixed:2"}, eval={"at_start": True},
+                          model={"fusion": fusion, "fusion_init": init})
+        runs[fusion] = tmp_path / fusion
+        train(cfg, runs[fusion], data_dir=parity_data, init_from=standard_run)
+    start, end = _evals(runs["add"])
+    assert start["step"] == 0 and end["step"] == 2
+    gate = _evals(runs["gate"])[0]["loss"]
+    assert start["loss"]["standard"] == gate["standard"]
+    for name, loss in start["loss"].items():
+        assert loss == pytest.approx(gate["standard"], abs=1e-6), name
+    assert abs(gate["fused(1)"] - gate["standard"]) > 1e-3
+    mid = FullBandLM.from_pretrained(list_checkpoints(runs["add"])[-1] / "model")
+    assert mid.config.fusion_init == "identity" and mid.fusion.proj.weight.abs().sum() > 0

@@ -122,7 +122,15 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def cmd_convert(args: argparse.Namespace) -> None:
 
-    print(f"wrote {convert_from_hf(args.from_hf, args.out)}")
+    out = convert_from_hf(args.from_hf, args.out, gguf_file=args.gguf_file)
+    print(f"wrote {out}")
+    # Say it where the user looks: the weights are the pretrained model's, the fusion is not trained.
+    print(
+        "stored decode mode: standard (the pretrained model, exactly). Its fusion weights are untrained, so soft "
+        "and fused decoding need mid-training with feedback first: fullband train --init-from "
+        f"{out} --train.schedule paper (add --model.fusion add --model.fusion_init identity to start every mode "
+        "at the pretrained model; docs/real_model.md)"
+    )
 
 
 def cmd_consolidate(args: argparse.Namespace) -> None:
@@ -189,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="import a local Hugging Face Llama/Qwen2/Qwen3/Mistral checkpoint")
     p.add_argument("--from-hf", required=True, metavar="SRC", help="local HF model directory")
+    p.add_argument("--gguf-file", metavar="NAME.gguf",
+                   help="convert this GGUF file inside SRC (read and dequantized by transformers; needs `gguf`)")
     p.add_argument("--out", required=True, metavar="DST", help="fullband model directory to write")
     p.set_defaults(func=cmd_convert)
 

@@ -136,6 +136,9 @@ class EvalConfig:
     batch_size: int = _f(8, "sequences per validation batch")
     fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes")
     sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes)")
+    at_start: bool = _f(
+        False, "also evaluate before the first step (step 0 in eval.jsonl): where a mid-training run starts from"
+    )
 
 
 # Options removed from fullband because they lost in experiments; commit
@@ -158,7 +161,7 @@ RESUMABLE_CHANGES = {
     "train.ckpt_every", "train.keep_checkpoints", "train.checkpoint_format", "train.stop_after_steps",
     "train.max_bad_steps",
     "train.compile", "train.activation_checkpointing", "eval.batches", "eval.batch_size", "eval.fused_passes",
-    "eval.sequential",
+    "eval.sequential", "eval.at_start",
 }
 
 
@@ -462,6 +465,8 @@ MODEL_HELP = {
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
+    "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
+                   "model; for mid-training a pretrained one)",
 }
 
 

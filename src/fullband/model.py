@@ -27,6 +27,9 @@ from torch.utils.checkpoint import checkpoint
 from .kv_cache import KVCache
 
 FUSIONS = ("gate", "concat", "add")
+# How the fusion's weights start: "random" (normal, like every other weight; the paper) or "identity" (add only:
+# W = 0, so e ⊗ h = e and every decode mode computes exactly the standard model until training moves W).
+FUSION_INITS = ("random", "identity")
 FEEDBACK_SOURCES = ("final_norm", "residual")
 ROPE_TYPES = ("default", "linear", "llama3")
 # Recipe options that lost in experiments and were removed; commit 38f4146 is the last that has them.
@@ -70,6 +73,7 @@ class FullBandConfig:
     # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, and
     # a recurrence trained on its exact pass alone then sits at chance for long on parity, sum mod k, flip-flop.
     gate_init_std: float | None = None
+    fusion_init: str = "random"
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -96,6 +100,12 @@ class FullBandConfig:
                                  f"(allowed values now: {', '.join(FUSIONS)})")
         if self.fusion not in FUSIONS:
             self._fail("fusion", f"allowed values: {', '.join(FUSIONS)}")
+        if self.fusion_init not in FUSION_INITS:
+            self._fail("fusion_init", f"allowed values: {', '.join(FUSION_INITS)}")
+        if self.fusion_init == "identity" and self.fusion != "add":
+            # gate and concat end in an RMSNorm of a projection: zero weights give 0, not e. Only add's
+            # e + W h becomes the identity at W = 0.
+            self._fail("fusion_init", f"'identity' needs fusion='add' (e + W h with W = 0), got fusion={self.fusion!r}")
         if self.feedback_source not in FEEDBACK_SOURCES:
             self._fail("feedback_source", f"allowed values: {', '.join(FEEDBACK_SOURCES)}")
         if self.feedback_jitter < 0:
@@ -280,7 +290,8 @@ def init_std_of(module: nn.Module, config: FullBandConfig) -> float:
 class Fusion(nn.Module):
     """e ⊗ h. ``gate`` (paper Eq. 4): RMSNorm((W_U h) ⊙ sigmoid(W_G RMSNorm(e))); the state is the value
     and the token only gates it, so the model cannot ignore the state.
-    Ablations: ``concat`` RMSNorm(W [e; h]) and ``add`` e + W h."""
+    Ablations: ``concat`` RMSNorm(W [e; h]) and ``add`` e + W h. ``add`` with ``fusion_init="identity"``
+    starts at W = 0, i.e. as the identity e ⊗ h = e (beyond the paper: for mid-training a pretrained model)."""
 
     def __init__(self, config: FullBandConfig):
         super().__init__()
@@ -297,6 +308,8 @@ class Fusion(nn.Module):
             self.out_norm = RMSNorm(d, eps)
         else:
             self.proj = nn.Linear(d, d, bias=False)
+            if config.fusion_init == "identity":
+                self.proj.init_std = 0.0  # read by init_std_of: W = 0, e ⊗ h = e
 
     def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         if self.kind == "gate":

@@ -2,16 +2,20 @@
 
 Reads ``config.json`` and the safetensors weights (one file or an index with shards) directly, without
 ``transformers``, maps every tensor onto :class:`fullband.model.FullBandLM` and adds freshly initialised
-fusion weights. Anything fullband cannot represent exactly (a RoPE scaling type it does not implement, a
+fusion weights. A GGUF file (``gguf_file``) is read through transformers' own GGUF loading instead, which
+dequantizes its weights and rebuilds its config and tokenizer (chat template included); the same mapping and
+refusals then apply. Anything fullband cannot represent exactly (a RoPE scaling type it does not implement, a
 bias it does not model, a sliding-window layout it cannot express, ...) is refused with a
 :class:`fullband.errors.ConfigError` that names the field — never silently approximated.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -289,24 +293,21 @@ def _map_name(name: str, config: FullBandConfig) -> str | None:
     return "?" + name
 
 
-def load_hf_state_dict(src: Path, config: FullBandConfig) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
+def _map_state(
+    src: Path, config: FullBandConfig, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> dict[str, torch.Tensor]:
+    """HF-named tensors -> a FullBandLM state dict (without fusion weights); refuses tensors fullband does not
+    model."""
     state: dict[str, torch.Tensor] = {}
     unknown: list[str] = []
-    for path in _weight_files(src):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    target = _map_name(name, config)
-                    if target is None:
-                        continue
-                    if target.startswith("?"):
-                        unknown.append(name)
-                        continue
-                    state[target] = f.get_tensor(name)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"cannot import {src}: {path.name} is unreadable or truncated: {exc}") from exc
+    for name, tensor in tensors:
+        target = _map_name(name, config)
+        if target is None:
+            continue
+        if target.startswith("?"):
+            unknown.append(name)
+            continue
+        state[target] = tensor
     if unknown:
         raise _refuse(
             src,
@@ -316,17 +317,66 @@ def load_hf_state_dict(src: Path, config: FullBandConfig) -> dict[str, torch.Ten
     return state
 
 
-def hf_to_fullband_model(src: str | os.PathLike, dtype: torch.dtype | None = None) -> FullBandLM:
-    """Build a :class:`FullBandLM` holding the weights of the Hugging Face directory ``src``; the fusion
-    weights are freshly initialised."""
+def _safetensors(src: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in _weight_files(src):
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"cannot import {src}: {path.name} is unreadable or truncated: {exc}") from exc
+
+
+def load_hf_state_dict(src: Path, config: FullBandConfig) -> dict[str, torch.Tensor]:
+    return _map_state(src, config, _safetensors(src))
+
+
+def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, dict[str, torch.Tensor]]:
+    """The config and (float32, dequantized) state dict of ``src/gguf_file`` as transformers loads it; an
+    architecture fullband cannot represent is refused before the weights are read."""
+    path = src / gguf_file
+    if not path.is_file():
+        raise CheckpointError(f"cannot import {path}: no such GGUF file (--gguf-file names a file inside --from-hf)")
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("gguf") is None:
+        raise ConfigError(
+            "--gguf-file reads GGUF through transformers, which needs the `transformers` and `gguf` packages: "
+            "pip install 'fullband[hf]'"
+        )
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        hf_config = AutoConfig.from_pretrained(src, gguf_file=gguf_file)
+    except (ValueError, KeyError, OSError) as exc:
+        raise _refuse(path, f"transformers cannot read this GGUF file ({exc})") from exc
+    cfg = hf_config.to_dict()
+    # transformers dequantizes every GGUF tensor on load: what fullband receives is unquantized.
+    cfg.pop("quantization_config", None)
+    config = hf_config_to_fullband(cfg, path)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    return config, _map_state(path, config, model.state_dict().items())
+
+
+def hf_to_fullband_model(
+    src: str | os.PathLike, dtype: torch.dtype | None = None, gguf_file: str | None = None
+) -> FullBandLM:
+    """Build a :class:`FullBandLM` holding the weights of the Hugging Face directory ``src`` (or of the GGUF
+    file ``gguf_file`` inside it); the fusion weights are freshly initialised."""
     src = Path(src)
-    config_path = src / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"cannot import {src}: config.json is missing (expected a Hugging Face model directory)")
-    hf_config = json.loads(config_path.read_text())
-    config = hf_config_to_fullband(hf_config, src)
+    if gguf_file is not None:
+        config, state = _load_gguf(src, gguf_file)
+        src = src / gguf_file
+    else:
+        config_path = src / "config.json"
+        if not config_path.is_file():
+            raise CheckpointError(
+                f"cannot import {src}: config.json is missing (expected a Hugging Face model directory, or "
+                "name a GGUF file inside it with --gguf-file)"
+            )
+        config = hf_config_to_fullband(json.loads(config_path.read_text()), src)
+        state = load_hf_state_dict(src, config)
     model = FullBandLM(config)
-    state = load_hf_state_dict(src, config)
     expected = {k: v for k, v in model.state_dict().items() if not k.startswith("fusion.")}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -363,11 +413,29 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
     return names
 
 
-def convert_from_hf(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype | str | None = None) -> Path:
+def save_gguf_tokenizer(src: Path, gguf_file: str, dst: Path) -> list[str]:
+    """The tokenizer transformers rebuilds from the GGUF metadata (vocabulary, merges, special tokens, chat
+    template), saved as Hugging Face tokenizer files in ``dst``; returns the names written."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
+    dst.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(dst)
+    return sorted(p.name for p in dst.iterdir())
+
+
+def convert_from_hf(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    dtype: torch.dtype | str | None = None,
+    gguf_file: str | None = None,
+) -> Path:
     """Convert the local Hugging Face directory ``src`` (Llama, Qwen2, Qwen3 or Mistral; config.json +
     safetensors, sharded or not) into the fullband model directory ``dst`` (config.json +
     model.safetensors, tokenizer files under ``dst/tokenizer/``), ready for ``fullband train --init-from``.
 
+    ``gguf_file`` names a GGUF file inside ``src`` to convert instead (read and dequantized by transformers,
+    which needs the ``gguf`` package; its tokenizer and chat template come from the GGUF metadata).
     ``dtype`` (e.g. "bfloat16") stores the weights in that dtype; by default float32.
     Raises :class:`fullband.errors.ConfigError` for architectures or options fullband cannot represent.
     """
@@ -378,11 +446,14 @@ def convert_from_hf(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ConfigError(f"dtype={dtype!r} is not a torch dtype (e.g. float32, bfloat16, float16)")
         dtype = getattr(torch, dtype)
-    model = hf_to_fullband_model(src, dtype=dtype)
+    model = hf_to_fullband_model(src, dtype=dtype, gguf_file=gguf_file)
     # A pretrained transformer's fusion is untrained: soft or fused decoding would feed its states through a
     # random gate, so the converted model decodes in standard mode until it is trained with feedback.
     DecodeSettings("standard").store_in(model)
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
-    copy_tokenizer_files(src, dst / "tokenizer")
+    if gguf_file is not None:
+        save_gguf_tokenizer(src, gguf_file, dst / "tokenizer")
+    else:
+        copy_tokenizer_files(src, dst / "tokenizer")
     return dst

@@ -61,7 +61,7 @@ from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, s
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
 
 # Fields a mid-training run may set differently from the checkpoint it starts from.
-FEEDBACK_FIELDS = ("fusion", "feedback_source", "feedback_jitter")
+FEEDBACK_FIELDS = ("fusion", "fusion_init", "feedback_source", "feedback_jitter")
 
 
 class TrainingDiverged(FullbandError):
@@ -470,6 +470,9 @@ class Trainer:
         started, start_step = time.perf_counter(), state.step
         final_eval = None
         try:
+            if self.cfg.eval.at_start and state.step == 0:
+                self._evaluate_and_keep_best(writer)
+                started = time.perf_counter()  # tokens_per_s counts training steps only
             while state.step < self.total_steps:
                 record = self.train_step()
                 record["elapsed_s"] = round(time.perf_counter() - started, 3)
