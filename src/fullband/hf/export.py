@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from fullband.architectures import stored_arch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
@@ -69,6 +70,9 @@ def export_hf(
     from fullband.hf.modeling_fullband import FullBandForCausalLM
 
     model_dir, dst = resolve_model_dir(source), Path(dst)
+    if stored_arch(model_dir) != "fbt":
+        raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
+                              f"{model_dir} is arch {stored_arch(model_dir)!r}")
     try:
         dtype = _stored_dtype(model_dir)
         model = FullBandLM.from_pretrained(model_dir, dtype=dtype)
