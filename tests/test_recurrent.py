@@ -11,6 +11,7 @@ import torch
 from test_train import steps_of, tiny_config
 
 from fullband.architectures import build_model, load_pretrained
+from fullband.cli import main
 from fullband.config import build_config
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import export_jsonl, state_tracking_task
@@ -107,7 +108,7 @@ def test_attention_options_and_jacobi_schedules_are_refused():
                                                            "eval_every": 1}})
 
 
-def test_trainer_runs_the_lstm_on_packed_records_and_keeps_it(tmp_path):
+def test_trainer_runs_the_lstm_on_packed_records_and_every_door_takes_or_refuses_it(tmp_path, capsys):
     source = export_jsonl(state_tracking_task("parity", 1, 8), tmp_path / "train.jsonl", 200, seed=0)
     cfg = tiny_config(model={"arch": "lstm"}, data={"source": str(source), "format": "prompt_answer",
                                                     "val_fraction": 0.1},
@@ -122,3 +123,23 @@ def test_trainer_runs_the_lstm_on_packed_records_and_keeps_it(tmp_path):
     assert generate(model, [tokenizer.encode("parity 0110 =")], 3).shape == (1, 3)
     with pytest.raises(FullbandError, match="--init-from.*drop --init-from"):
         train(cfg, tmp_path / "again", data_dir=tmp_path / "data", init_from=tmp_path / "run")
+
+    best = str(tmp_path / "run" / "best")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"parity {bits} =", "answer": "0"}) + "\n"
+                            for bits in ("0110", "1010", "0")))
+    assert main(["bench", best, "--task", f"jsonl:{rows}", "--modes", "standard", "--out", str(tmp_path / "bench"),
+                 "--no-progress", "--no-plots", "--device", "cpu"]) == 0
+    graded = json.loads((tmp_path / "bench" / "results.json").read_text())["results"][f"jsonl:{rows}"]
+    assert list(graded) == ["standard"]
+    refusals = {("bench", best, "--task", f"jsonl:{rows}", "--modes", "soft", "--out", str(tmp_path / "b2")):
+                "an LSTM has no latent feedback; use decode_mode standard",
+                ("generate", best, "--prompt", "parity 01 =", "--decode-mode", "fused"): "an LSTM has no latent",
+                ("export-hf", best, "--out", str(tmp_path / "hf")): "export-hf exports model.arch fbt only",
+                ("jacobi", best, "--out", str(tmp_path / "j")): "fullband jacobi supports model.arch fbt only",
+                ("probe", best, "--task", "synthetic:parity", "--out", str(tmp_path / "p")):
+                "fullband probe supports model.arch fbt only"}
+    capsys.readouterr()
+    for argv, message in refusals.items():
+        assert main(list(argv)) != 0
+        assert message in capsys.readouterr().err
