@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import yaml
+
 from experiments.plotting import pyplot, save
 from experiments.state_tracking.tasks import paired_difference
 from experiments.stats import fmt, interval
@@ -44,7 +46,8 @@ def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     passes = [s["passes"] for s in steps]
     best = run / "best" / "best.json"
-    record = {"task": task, "seed": seed, "steps": steps[-1]["step"], "tokens": steps[-1]["tokens"],
+    arch = ((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("model") or {}).get("arch", "fbt")
+    record = {"task": task, "seed": seed, "arch": arch, "steps": steps[-1]["step"], "tokens": steps[-1]["tokens"],
               "compute_tokens": steps[-1]["compute_tokens"], "train_seconds": round(steps[-1]["elapsed_s"]),
               "passes_min": min(passes), "passes_max": max(passes),
               "passes_mean": round(statistics.mean(passes), 2),
@@ -141,8 +144,9 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
     styles = {mode: style for mode, style in (("fused:auto", ("C0", "o", "-")), ("standard", ("C1", "x", ":")))
               if mode in modes_of(records)}
-    # A sweep graded in standard mode only trained a baseline transformer, not an FBT.
-    model = "FBT" if "fused:auto" in styles else "standard transformer,"
+    # A sweep graded in standard mode only trained a baseline: an LSTM (model.arch lstm) or a standard transformer.
+    model = ("FBT" if "fused:auto" in styles else "LSTM" if records[0].get("arch") == "lstm"
+             else "standard transformer,")
     for ax, task in zip(axes.flat, tasks):
         runs = [r for r in records if r["task"] == task]
         lengths = sorted({int(m) for r in runs for m in r["lengths"]})
@@ -193,6 +197,27 @@ def against(records: list[dict], other: list[dict], label: str, other_label: str
                      f"{len(fail_a & fail_b)} ({expected:.1f}) |")
     if len(lines) == 2:
         raise SystemExit(f"no task and seed graded in both {label} and {other_label}")
+    return "\n".join(lines) + "\n\n" + against_by_task(records, others, mine, theirs, label, other_label)
+
+
+def against_by_task(records: list[dict], others: dict[tuple[str, int], dict], mine: str, theirs: str, label: str,
+                    other_label: str) -> str:
+    """Per task, over the seeds both sweeps hold: the paired difference on the same rows, mean [95% t interval],
+    at every length both graded."""
+    lengths = sorted({int(m) for r in records for m in r["lengths"]
+                      if (o := others.get((r["task"], r["seed"]))) and m in o["lengths"]})
+    lines = [f"| task | seeds | paired {label} {mine} − {other_label} {theirs}, mean [95% t interval]: "
+             + " / ".join(map(str, lengths)) + " moves |", "|---|---|---|"]
+    for task in dict.fromkeys(r["task"] for r in sorted(records, key=sort_key)):
+        pairs = [(r, others[(task, r["seed"])]) for r in records if r["task"] == task and (task, r["seed"]) in others]
+        if not pairs:
+            continue
+        cells = []
+        for m in map(str, lengths):
+            diffs = [paired(r["lengths"][m][mine], o["lengths"][m][theirs]) for r, o in pairs
+                     if m in r["lengths"] and m in o["lengths"]]
+            cells.append(fmt(diffs, "+.3f") if diffs else "—")
+        lines.append(f"| {task} | {[r['seed'] for r, _ in pairs]} | " + " / ".join(cells) + " |")
     return "\n".join(lines)
 
 

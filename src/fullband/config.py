@@ -134,8 +134,10 @@ class TrainConfig:
 class EvalConfig:
     batches: int = _f(8, "validation batches per evaluation")
     batch_size: int = _f(8, "sequences per validation batch")
-    fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes")
-    sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes)")
+    fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes (model.arch fbt; "
+                              "an LSTM reports standard only)")
+    sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes; "
+                                "model.arch fbt)")
     at_start: bool = _f(
         False, "also evaluate before the first step (step 0 in eval.jsonl): where a mid-training run starts from"
     )
@@ -215,9 +217,11 @@ class RunConfig:
                               "steps; 0 = no curriculum)")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
             raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
+        lstm = self.model.arch == "lstm"
         if t.keep_best:
             reported = ["standard", *(f"fused({k})" for k in range(1, self.eval.fused_passes + 1))]
             reported += ["sequential"] if self.eval.sequential else []
+            reported = reported[:1] if lstm else reported  # an LSTM has no fused passes to validate
             if t.keep_best not in reported:
                 raise ConfigError(f"train.keep_best={t.keep_best!r} is not a validation loss this config reports; "
                                   f"choose from {', '.join(reported)} (eval.fused_passes and eval.sequential set them)")
@@ -228,7 +232,15 @@ class RunConfig:
             raise ConfigError(f"train.activation_checkpointing={t.activation_checkpointing!r} would checkpoint no "
                               f"block: the model has {self.model.n_layers}. Use full, or selective:N with N <= "
                               f"{self.model.n_layers}.")
-        PassSchedule.parse(t.schedule)
+        schedule = PassSchedule.parse(t.schedule)
+        if lstm and (schedule.exact or schedule.max_passes > 1):
+            raise ConfigError(f"train.schedule={t.schedule!r}: model.arch lstm has no latent feedback to run Jacobi "
+                              "passes or the exact recurrence over; use train.schedule standard")
+        if lstm and t.parallel == "fsdp":
+            raise ConfigError("train.parallel fsdp shards the transformer's blocks; model.arch lstm trains with ddp")
+        if lstm and t.activation_checkpointing != "none":
+            raise ConfigError("train.activation_checkpointing recomputes the transformer's blocks; model.arch lstm "
+                              "has none: leave it at none")
         if t.exact_mode == "sequential" and t.schedule == EXACT:
             self._check_sequential()
         d = self.data
@@ -467,6 +479,8 @@ MODEL_HELP = {
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
     "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
                    "model; for mid-training a pretrained one)",
+    "arch": "'fbt' (the full-bandwidth transformer) or 'lstm' (a recurrent baseline: torch's nn.LSTM, n_layers of "
+            "width d_model; no attention options, train.schedule standard, standard decoding only)",
 }
 
 

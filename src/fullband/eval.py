@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from fullband.architectures import LanguageModel
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.generation import sequential_forward
-from fullband.model import FullBandLM
 
 
 @dataclass
@@ -39,7 +39,7 @@ def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(
-    model: FullBandLM,
+    model: LanguageModel,
     batches: Iterable[Batch],
     fused_passes: int = 3,
     sequential: bool = False,
@@ -51,6 +51,9 @@ def evaluate(
     (the model is evaluated with every position fused, document starts plain); sequential = the exact
     token-by-token recurrence, what soft decoding computes (one forward call per position).
     """
+    # A model without feedback (an LSTM) has one pass and no recurrence to run: its standard loss is all it has.
+    passes = fused_passes + 1 if model.has_feedback else 1
+    sequential = sequential and model.has_feedback
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
@@ -67,7 +70,7 @@ def evaluate(
         positions += targets.numel()
         states = []  # each pass's top states; its logits are scored and dropped as the pass comes out
         with autocast or torch.autocast("cpu", enabled=False):
-            for k, step in enumerate(model.iterate_passes(ids, fused_passes + 1, plain_mask=plain,
+            for k, step in enumerate(model.iterate_passes(ids, passes, plain_mask=plain,
                                                           segment_ids=segments)):
                 name = "standard" if k == 0 else f"fused({k})"
                 sums[name] = sums.get(name, 0.0) + _loss_sum(step.logits, targets)

@@ -23,9 +23,11 @@ from typing import Any
 
 import torch
 
-from fullband.decoding import DecodeSettings
+from fullband.architectures import LanguageModel
+from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, ModelOutput, segment_positions
+from fullband.recurrent import RecurrentState
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
            "score_continuations", "sequential_forward"]
@@ -97,7 +99,7 @@ def sample_next(
 
 
 def decode_settings(
-    model: FullBandLM,
+    model: LanguageModel,
     decode: DecodeSettings | None = None,
     mode: str | None = None,
     fused_passes: int | str | None = None,
@@ -107,8 +109,12 @@ def decode_settings(
     """The settings a call decodes with: ``decode`` (default: those stored with the model) with the fields a
     caller gave replaced."""
     base = decode if decode is not None else DecodeSettings.of(model)
-    return base.with_overrides(mode=mode, fused_passes=fused_passes, fused_tol=fused_tol,
-                               fused_max_passes=fused_max_passes)
+    settings = base.with_overrides(mode=mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                                   fused_max_passes=fused_max_passes)
+    if settings.mode != "standard" and not model.has_feedback:
+        raise DecodeSettingsError(f"decode mode {settings.label}: an {model.config.arch.upper()} has no latent "
+                                  "feedback; use decode_mode standard")
+    return settings
 
 
 def _check_args(model, ids, max_new_tokens, temperature, top_k, top_p) -> None:
@@ -136,19 +142,19 @@ def _check_args(model, ids, max_new_tokens, temperature, top_k, top_p) -> None:
 
 
 def _prefill_prompts(
-    model: FullBandLM,
+    model: LanguageModel,
     ids: torch.Tensor,
     mask: torch.Tensor,
     new_tokens: int,
     settings: DecodeSettings,
-) -> tuple[ModelOutput, KVCache, torch.Tensor]:
+) -> tuple[ModelOutput, KVCache | RecurrentState, torch.Tensor]:
     """The prompt phase of decoding, shared by generation and scoring: left-padded prompts prefilled into
     a cache with room for ``new_tokens`` more positions (plain, or plus fused passes in fused mode).
     Returns the prefill output (last position's logits, every position's states), the cache and each
     row's next RoPE position (B, 1)."""
     B, T = ids.shape
     positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    cache = KVCache(model.config, B, T + new_tokens, model.device, model.embed.weight.dtype)
+    cache = model.new_cache(B, T + new_tokens)
     out = model.prefill(
         ids,
         settings.prefill_passes,
@@ -165,7 +171,7 @@ def _prefill_prompts(
 
 @torch.no_grad()
 def generate_stream(
-    model: FullBandLM,
+    model: LanguageModel,
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     mode: str | None = None,
@@ -226,7 +232,7 @@ def generate_stream(
 
 
 def generate(
-    model: FullBandLM,
+    model: LanguageModel,
     input_ids: torch.Tensor | Sequence[Sequence[int]],
     max_new_tokens: int,
     **kwargs: Any,
@@ -248,7 +254,7 @@ SCORINGS = ("decode", "prefill")
 
 @torch.no_grad()
 def score_continuations(
-    model: FullBandLM,
+    model: LanguageModel,
     contexts: Sequence[Sequence[int]],
     continuations: Sequence[Sequence[int]],
     mode: str | None = None,

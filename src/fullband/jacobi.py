@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fullband.architectures import refuse_arch
 from fullband.cli_options import add_validation_data_options
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
@@ -183,6 +184,7 @@ def run(args: argparse.Namespace) -> None:
     except ImportError as exc:
         raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
     model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
+    refuse_arch(model, "fullband jacobi")  # fused passes: what an LSTM has none of
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     if seq_len > model.config.max_seq_len:
         raise FullbandError(f"--seq-len {seq_len} exceeds the model's max_seq_len {model.config.max_seq_len}")

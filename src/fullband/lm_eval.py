@@ -47,7 +47,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from fullband.decoding import DecodeSettings
-from fullband.generation import SCORINGS, generate_stream, score_continuations
+from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class FullbandLM(TemplateLM):
         # so every decode mode works on exports too).
         model, self.tokenizer_fb = load_model(pretrained, device or default_device())
         self.model = model.to(DTYPES[dtype])
-        self.decode = DecodeSettings.of(self.model).with_overrides(**overrides)
+        self.decode = decode_settings(self.model, DecodeSettings.of(self.model).with_overrides(**overrides))
         if scoring == "prefill" and self.decode.mode == "soft":
             raise ValueError("fullband lm-eval model: scoring=prefill runs a mode's prefill passes over the whole "
                              "text, which soft decoding does not have; give decode_mode=standard or fused")

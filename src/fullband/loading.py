@@ -10,12 +10,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fullband.architectures import LanguageModel, load_pretrained
 from fullband.data import PreparedDataset, Tokenizer, load_tokenizer, open_dataset
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
-from fullband.storage import BEST, find_tokenizer_dir, load_pretrained, resolve_model_dir
+from fullband.storage import BEST, find_tokenizer_dir, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +41,7 @@ def default_device() -> str:
 
 def load_model(
     path: str | Path, device: str | None = None, dtype: torch.dtype | None = None
-) -> tuple[FullBandLM, Tokenizer]:
+) -> tuple[LanguageModel, Tokenizer]:
     """(model in eval mode, its tokenizer) from a run directory (its newest valid checkpoint), a
     checkpoint, a model directory, or a Hugging Face export written by ``fullband export-hf`` (loaded
     back into fullband's own model, so every decode mode behaves exactly as for the original)."""
@@ -57,7 +58,7 @@ def load_model(
     return model.eval(), load_tokenizer(tokenizer_dir)
 
 
-def fill_decode_defaults(model: FullBandLM, model_dir: Path) -> None:
+def fill_decode_defaults(model: LanguageModel, model_dir: Path) -> None:
     """A run's model saved before decode settings were stored with the weights gets the settings its run's
     train.schedule implies (as the trainer now stores them); a model of no run keeps standard."""
     if model.decode_defaults:
@@ -170,7 +171,7 @@ def default_data_dir(model_dir: Path) -> Path:
 
 def load_model_and_data(
     checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None
-) -> tuple[FullBandLM, PreparedDataset, Path, Path]:
+) -> tuple[LanguageModel, PreparedDataset, Path, Path]:
     """A checkpoint and the prepared dataset to evaluate it on (by default the one it was trained on),
     refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
 

@@ -26,6 +26,12 @@ from torch.utils.checkpoint import checkpoint
 # Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
 from .kv_cache import KVCache
 
+# The model kinds of a config: the full-bandwidth transformer (this file) and a recurrent baseline, torch's LSTM
+# (fullband/recurrent.py), which has no attention and no latent feedback.
+ARCHS = ("fbt", "lstm")
+# Attention options an LSTM has no use for: an LSTM config must leave them unset, so none is silently ignored.
+ATTENTION_OPTIONS = {"sliding_window": None, "full_attention_every": 0, "qk_norm": False, "qkv_bias": False,
+                     "attn_output_gate": False, "rope_scaling": None, "head_dim": None}
 FUSIONS = ("gate", "concat", "add")
 # How the fusion's weights start: "random" (normal, like every other weight; the paper) or "identity" (add only:
 # W = 0, so e ⊗ h = e and every decode mode computes exactly the standard model until training moves W).
@@ -74,6 +80,10 @@ class FullBandConfig:
     # a recurrence trained on its exact pass alone then sits at chance for long on parity, sum mod k, flip-flop.
     gate_init_std: float | None = None
     fusion_init: str = "random"
+    # "fbt" (FullBandLM) or "lstm" (fullband.recurrent.LSTMLM: embedding, torch's nn.LSTM of n_layers layers of
+    # width d_model, RMSNorm and the head; the attention and fusion fields do not apply to it). config.json
+    # records it, so every loader builds the right class (fullband.architectures.load_pretrained).
+    arch: str = "fbt"
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -87,6 +97,15 @@ class FullBandConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 self._fail(name, "must be a positive integer")
+        if self.arch not in ARCHS:
+            self._fail("arch", f"allowed values: {', '.join(ARCHS)}")
+        if self.arch == "lstm":
+            for name, unset in ATTENTION_OPTIONS.items():
+                if getattr(self, name) != unset:
+                    self._fail(name, f"an attention option; model.arch lstm has no attention: leave it at {unset!r}")
+            if self.norm_eps <= 0 or self.init_std <= 0:
+                raise ValueError("FullBandConfig: norm_eps and init_std must be > 0")
+            return
         if self.head_dim is None and self.d_model % self.n_heads:
             self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (or set head_dim)")
         if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
@@ -340,8 +359,13 @@ class MultipassOutput:
 
 
 class FullBandLM(nn.Module):
+    has_feedback = True  # its top state can be fused into the next input (soft and fused decoding)
+
     def __init__(self, config: FullBandConfig):
         super().__init__()
+        if config.arch != "fbt":
+            raise ValueError(f"FullBandConfig.arch={config.arch!r}: FullBandLM is the arch 'fbt' model; build or load "
+                             "another arch with fullband.architectures (build_model, load_pretrained)")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
@@ -398,6 +422,10 @@ class FullBandLM(nn.Module):
         if every > len(self.layers):  # would checkpoint no block at all
             raise ValueError(f"activation checkpointing every {every} blocks: the model has only {len(self.layers)}")
         self.checkpoint_every = every
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for decoding ``batch_size`` rows of up to ``max_len`` positions."""
+        return KVCache(self.config, batch_size, max_len, self.device, self.embed.weight.dtype)
 
     def num_parameters(self, include_fusion: bool = True) -> int:
         fusion = 0 if include_fusion else sum(p.numel() for p in self.fusion.parameters())

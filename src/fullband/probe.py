@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fullband.architectures import refuse_arch
 from fullband.bench.cli import run_data_settings
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
@@ -257,6 +258,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"need --folds >= 2 and --examples >= --folds, got {args.folds} and {args.examples}")
     modes = parse_probe_modes(args.modes)
     model, tokenizer = load_model(args.model, args.device)
+    refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
     run_dir = run_dir_of(args.model)
     recorded = run_data_settings(run_dir)
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)

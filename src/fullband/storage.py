@@ -44,7 +44,7 @@ from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fullband.errors import CheckpointError
-from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, FullBandLM, ordinary_file_mode
+from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, ordinary_file_mode
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
@@ -187,14 +187,6 @@ def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     except Exception as exc:  # DCP raises CheckpointException, OSError, pickle errors for damaged shards
         raise CheckpointError(f"cannot read the model weights from the DCP shards in {shards}: {exc}") from None
     return {key.removeprefix(prefix): tensor for key, tensor in state.items()}
-
-
-def load_pretrained(model_dir: Path, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> FullBandLM:
-    """``FullBandLM.from_pretrained`` for any model directory, a DCP checkpoint's included."""
-    model_dir = Path(model_dir)
-    weights = read_model_weights(model_dir) if dcp_dir_of(model_dir) is not None else None
-    return FullBandLM.from_pretrained(model_dir, device=device, dtype=dtype, state_dict=weights)
 
 
 def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:

@@ -12,6 +12,7 @@ from fullband.bench.sandbox import Limits
 from fullband.bench.tasks import make_task
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
+from fullband.generation import decode_settings
 from fullband.loading import load_model, run_config_section, run_dir_of
 
 
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.model, args.device)
     base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
+    for mode in modes:
+        decode_settings(model, mode)  # a mode the model cannot decode in (an LSTM's soft) fails before any task runs
     print("decode settings: " + ", ".join(m.describe() for m in modes), file=sys.stderr)
     recorded = run_data_settings(run_dir_of(args.model))
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)

@@ -7,13 +7,14 @@ import os
 import shutil
 from pathlib import Path
 
+from fullband.architectures import load_pretrained, stored_arch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
 from fullband.model import ordinary_file_mode
-from fullband.storage import load_pretrained, resolve_model_dir
+from fullband.storage import resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = _HERE.parent / "model.py"
@@ -69,6 +70,9 @@ def export_hf(
     from fullband.hf.modeling_fullband import FullBandForCausalLM
 
     model_dir, dst = resolve_model_dir(source), Path(dst)
+    if stored_arch(model_dir) != "fbt":
+        raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
+                              f"{model_dir} is arch {stored_arch(model_dir)!r}")
     try:
         dtype = _stored_dtype(model_dir)
         model = load_pretrained(model_dir, dtype=dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fullband.architectures import refuse_arch
 from fullband.cli_options import add_decode_options, decode_overrides
 from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> None:
     DecodeSettings().with_overrides(**decode_overrides(args))  # a bad value fails before the model is loaded
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model, tokenizer = load_model(args.model, args.device, dtype)
+    refuse_arch(model, "fullband serve")  # its batching engine shares one transformer KV cache between requests
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     name = args.model_name or Path(args.model).resolve().name
     engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue)

@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from fullband.architectures import LanguageModel, build_model, stored_arch
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
 from fullband.decoding import DecodeSettings
@@ -184,10 +185,13 @@ class Trainer:
             )
         return dataset
 
-    def _build_model(self, dataset: PreparedDataset) -> FullBandLM:
+    def _build_model(self, dataset: PreparedDataset) -> LanguageModel:
         model_cfg = self.cfg.model
         if self.init_from is not None:
             model_dir = resolve_model_dir(self.init_from)
+            if "lstm" in (model_cfg.arch, stored_arch(model_dir)):
+                raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); "
+                                  "an LSTM (model.arch lstm) trains from scratch here: drop --init-from")
             base = FullBandConfig.load(model_dir / "config.json").to_dict()
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
             # Kept fusion weights keep their kind; only the training jitter comes from this run's config.
@@ -211,7 +215,7 @@ class Trainer:
             )
         self.cfg.model = model_cfg
         torch.manual_seed(self.train_cfg.seed)
-        model = FullBandLM(model_cfg)
+        model = build_model(model_cfg)
         if self.init_from is not None:
             self._load_init_weights(model, model_dir)
         return model.to(self.device)
@@ -275,11 +279,13 @@ class Trainer:
         model.reset_fusion_parameters()
         self._log(f"initialised from {model_dir}; fusion weights freshly initialised")
 
-    def _wrap(self, model: FullBandLM) -> nn.Module:
+    def _wrap(self, model: LanguageModel) -> nn.Module:
         # Checkpointing is decided inside FullBandLM.forward, so it is set before compile traces the forward and
         # before fully_shard (torchtitan's order: AC, compile, FSDP); FSDP2's hooks skip the recomputation's
         # unshard, which the pre-backward hook has done.
-        model.set_activation_checkpointing(checkpoint_interval(self.train_cfg.activation_checkpointing))
+        if isinstance(model, FullBandLM):
+            model.set_activation_checkpointing(
+                checkpoint_interval(self.train_cfg.activation_checkpointing))
         if self.train_cfg.compile:
             model.compile()
         objective: nn.Module = MultipassObjective(model)
@@ -402,7 +408,7 @@ class Trainer:
             if not (self.out_dir / "tokenizer").exists():
                 shutil.copytree(dataset.path / "tokenizer", self.out_dir / "tokenizer")
 
-    def _setup(self, dataset: PreparedDataset, model: FullBandLM) -> None:
+    def _setup(self, dataset: PreparedDataset, model: LanguageModel) -> None:
         """What the loop needs: the wrapped objective, optimizers, schedule and loader, and the counters, loader
         position and best model of the checkpoint a resumed run starts from."""
         t = self.train_cfg

@@ -1,0 +1,52 @@
+"""The model kinds of ``model.arch`` (FullBandConfig.arch): which class a config builds and a model directory
+loads. Everything that builds or loads a model by its config goes through here, so an LSTM run's checkpoint
+loads as an LSTM at every door."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from fullband.errors import FullbandError
+from fullband.model import CONFIG_NAME, FullBandConfig, FullBandLM
+from fullband.recurrent import LSTMLM
+from fullband.storage import dcp_dir_of, read_model_weights
+
+LanguageModel = FullBandLM | LSTMLM
+CLASSES: dict[str, type[FullBandLM] | type[LSTMLM]] = {"fbt": FullBandLM, "lstm": LSTMLM}
+
+
+def build_model(config: FullBandConfig) -> LanguageModel:
+    """A freshly initialised model of ``config.arch``."""
+    return CLASSES[config.arch](config)
+
+
+def stored_arch(directory: str | os.PathLike) -> str:
+    """The arch a model directory's config.json records ("fbt" when it names none: every model before LSTMs)."""
+    try:
+        return json.loads((Path(directory) / CONFIG_NAME).read_text()).get("arch", "fbt")
+    except (OSError, ValueError, AttributeError):
+        return "fbt"  # FullBandLM.from_pretrained then reports what is wrong with the directory
+
+
+def load_pretrained(
+    directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> LanguageModel:
+    """``save_pretrained``'s directory, or a DCP checkpoint's ``model/`` (its shards consolidated in this process),
+    back as the class its config records."""
+    arch = stored_arch(directory)
+    if arch not in CLASSES:
+        raise ValueError(f"{directory}: config.json names arch {arch!r}; this version of fullband knows "
+                         f"{', '.join(CLASSES)}")
+    weights = read_model_weights(Path(directory)) if dcp_dir_of(Path(directory)) is not None else None
+    return CLASSES[arch].from_pretrained(directory, device=device, dtype=dtype, state_dict=weights)
+
+
+def refuse_arch(model: LanguageModel, door: str) -> None:
+    """For the doors built on the transformer's KV cache or feedback only: a clear error naming the arch."""
+    if model.config.arch != "fbt":
+        raise FullbandError(f"{door} supports model.arch fbt only; this model is arch {model.config.arch!r} "
+                         "(use fullband generate or fullband bench with it)")
