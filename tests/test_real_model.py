@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 import io
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -45,17 +46,30 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """(fullband model dir, fullband model, transformers model, transformers tokenizer), float32."""
+    """(fullband model dir, fullband model, transformers model, transformers tokenizer), float32. The references
+    are the very objects transformers' GGUF loading returned inside the conversion (kept by a wrapper around its
+    two loaders), not a second load: parsing and dequantizing this GGUF takes most of the module's time."""
     out = tmp_path_factory.mktemp("smollm2") / "fb"
+    loaded = {}
+
+    def keep(cls, name):
+        original = cls.from_pretrained
+
+        def from_pretrained(*args, **kwargs):
+            loaded[name] = original(*args, **kwargs)
+            return loaded[name]
+        return mock.patch.object(cls, "from_pretrained", from_pretrained)
+
     # The command line, as a user runs it (in this process: a second one would import torch and transformers
     # again); its output must name the stored decode mode.
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), keep(AutoModelForCausalLM, "model"), keep(AutoTokenizer, "tokenizer"):
         assert main(["convert", "--from-hf", str(GGUF.parent), "--gguf-file", GGUF.name, "--out", str(out)]) == 0
     assert "stored decode mode: standard" in stdout.getvalue() and "--init-from" in stdout.getvalue()
-    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    return out, FullBandLM.from_pretrained(out).eval(), hf, tok
+    assert loaded.keys() == {"model", "tokenizer"}, "the conversion no longer loads through transformers"
+    hf = loaded["model"].eval()
+    assert next(hf.parameters()).dtype == torch.float32
+    return out, FullBandLM.from_pretrained(out).eval(), hf, loaded["tokenizer"]
 
 
 def _chat_ids(tok) -> torch.Tensor:

@@ -354,7 +354,8 @@ def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, dict[str, tor
     # transformers dequantizes every GGUF tensor on load: what fullband receives is unquantized.
     cfg.pop("quantization_config", None)
     config = hf_config_to_fullband(cfg, path)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32)
+    # config=: the GGUF's metadata is parsed once more for the weights otherwise (seconds for a 49k vocabulary)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32, config=hf_config)
     return config, _map_state(path, config, model.state_dict().items())
 
 
