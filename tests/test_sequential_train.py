@@ -6,12 +6,11 @@ mode's run step by step; the options it cannot honour are refused."""
 from __future__ import annotations
 
 import pytest
+import test_train_curriculum
 import torch
 from conftest import FEATURES, make_model
 from test_train import read_metrics, steps_of, tiny_config
-from test_train_curriculum import _prompt_answer_data
 
-from fullband.data import prepare_dataset
 from fullband.errors import ConfigError
 from fullband.generation import sequential_forward
 from fullband.model import plain_positions
@@ -90,13 +89,8 @@ def test_states_equal_the_cached_decoding_recurrence(single_thread, variant):
     torch.testing.assert_close(hidden, want_hidden, rtol=0, atol=1e-10)
 
 
-@pytest.fixture(scope="module")
-def packed_records(tmp_path_factory) -> tuple[dict, object]:
-    """Parity records of 1..8 moves (14..21 tokens, one or two per window of 33), prepared once."""
-    root = tmp_path_factory.mktemp("seq")
-    data = _prompt_answer_data(root, (1, 8), 120)
-    prepare_dataset(tiny_config(data=data).data, root / "data")
-    return data, root / "data"
+# Parity records of 1..8 moves (14..21 tokens, one or two per window of 33), prepared once per module.
+packed_records = test_train_curriculum.mixed_lengths
 
 
 def test_a_sequential_run_matches_the_jacobi_run(tmp_path, packed_records):
