@@ -189,19 +189,22 @@ class SavedBytes:
     pack wraps every saved tensor in a ``_Held`` handle; autograd drops the handle when it releases the
     saved variable (after the node has run in a backward without retain_graph, or when the graph is
     freed), and the handle's ``__del__`` gives its storage back. A storage is counted once while any
-    handle to it is alive; parameters are excluded. ``peak`` is the most held at once, so K graphs held
+    handle to it is alive; parameters are excluded. Storages are told apart by their StorageImpl
+    (``_cdata``), not their data pointer: FSDP2 frees a gathered weight by resizing its storage to 0
+    bytes while autograd still holds it, and the allocator may then hand that address to another
+    tensor, which a data-pointer key would wrongly count as the same storage. ``peak`` is the most held at once, so K graphs held
     together count K times, and K graphs backpropagated one after the other count once.
     """
 
     def __init__(self, model) -> None:
-        self.params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.live: dict[int, list[int]] = {}  # storage ptr -> [nbytes, handles alive]
+        self.params = {p.untyped_storage()._cdata for p in model.parameters()}
+        self.live: dict[int, list[int]] = {}  # StorageImpl address -> [nbytes, handles alive]
         self.current = 0
         self.peak = 0
 
     def pack(self, t: torch.Tensor):
         storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        ptr = storage._cdata
         if ptr in self.params:
             return t
         entry = self.live.get(ptr)
