@@ -192,8 +192,9 @@ class SavedBytes:
     handle to it is alive; parameters are excluded. Storages are told apart by their StorageImpl
     (``_cdata``), not their data pointer: FSDP2 frees a gathered weight by resizing its storage to 0
     bytes while autograd still holds it, and the allocator may then hand that address to another
-    tensor, which a data-pointer key would wrongly count as the same storage. ``peak`` is the most held at once, so K graphs held
-    together count K times, and K graphs backpropagated one after the other count once.
+    tensor, which a data-pointer key would wrongly count as the same storage. ``peak`` is the most held
+    at once, so K graphs held together count K times, and K graphs backpropagated one after the other
+    count once.
     """
 
     def __init__(self, model) -> None:

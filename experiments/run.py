@@ -6,6 +6,7 @@ merged into the sweep's results file as soon as it is graded.
     python -m experiments.run len16 --lanes 2             # every job not in results/len16.json, two at a time
     python -m experiments.run len16 --only s5:2 cycle:0   # some jobs
     python -m experiments.run preset_fresh --dry-run      # the commands it would run, nothing run
+    python -m experiments.run preset_fresh --train-only   # train every job not done, grade none (rerun to grade)
 
 A job already in the results file is skipped; a job whose run directory exists continues from its last
 checkpoint (`fullband train --resume`; a finished run's resume does nothing) and `fullband bench` resumes its
@@ -59,8 +60,9 @@ class Runner:
     """Runs the jobs of one sweep: skip what the results file holds, train (resuming), grade, merge."""
 
     def __init__(self, sweep: Sweep, runs_dir: Path, results: Path | None = None, python: str = sys.executable,
-                 dry_run: bool = False):
+                 dry_run: bool = False, train_only: bool = False):
         self.sweep, self.runs_dir, self.python, self.dry_run = sweep, runs_dir, python, dry_run
+        self.train_only = train_only  # state tracking: train, grade nothing, merge nothing (an LM run is its grade)
         self.results = results or sweep.results
         self._merge_lock = threading.Lock()  # lanes are threads of this process; flock guards other processes
 
@@ -133,6 +135,8 @@ class Runner:
         self.call(self.train_command(run, seed, sweep.preset, sweep.overrides,
                                      ["--data.source", train_file, "--train.log_every", "50",
                                       "--train.ckpt_every", "500"]), log)
+        if self.train_only:
+            return None
         model = run / "best" if (run / "best").is_dir() or self.dry_run else run
         tasks = [item for n in lengths for item in ("--task", f"jsonl:{tests[str(n)]}")]
         self.call([self.python, "-m", "fullband", "bench", str(model), *tasks, "--modes", sweep.modes,
@@ -228,6 +232,8 @@ def main(argv: list[str] | None = None) -> list[tuple[str, int]]:
     p.add_argument("--only", nargs="+", default=[], metavar="VARIANT:SEED", help="only these jobs of the sweep")
     p.add_argument("--runs-dir", type=Path, default=ROOT / "runs", help="where the runs go (default runs/)")
     p.add_argument("--dry-run", action="store_true", help="print the commands of the jobs not done; run nothing")
+    p.add_argument("--train-only", action="store_true",
+                   help="state tracking: train the jobs not done, grade and merge none (rerun without it to grade)")
     args = p.parse_args(argv)
     if args.list or not args.sweep:
         for sweep in SWEEPS.values():
@@ -239,7 +245,8 @@ def main(argv: list[str] | None = None) -> list[tuple[str, int]]:
     if args.lanes < 1:
         p.error("--lanes must be at least 1")
     sweep = SWEEPS[args.sweep]
-    return Runner(sweep, args.runs_dir, dry_run=args.dry_run).run(parse_jobs(sweep, args.only), args.lanes)
+    runner = Runner(sweep, args.runs_dir, dry_run=args.dry_run, train_only=args.train_only)
+    return runner.run(parse_jobs(sweep, args.only), args.lanes)
 
 
 if __name__ == "__main__":

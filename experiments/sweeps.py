@@ -98,6 +98,11 @@ BASELINE = {"model.sliding_window": "none", "train.schedule": "standard", "train
 # its fusion). The window is an attention option an LSTM refuses, so it is unset.
 LSTM = {"model.arch": "lstm", "model.d_model": "74", "model.sliding_window": "none", "train.schedule": "standard",
         "train.keep_best": "standard"}
+# Grading to 32x the training length needs the exact recurrence token by token (fused:exact, O(T)): fused:auto's
+# Jacobi passes cost O(T^2) token forwards (159 s for 200 rows at 270 tokens on one core, against 1.6 s).
+LENGTHS_32X = (1, 2, 4, 8, 16, 32)
+EXACT_MODES = "standard,fused:exact"
+LEN32 = {"train.seq_len": "64", "train.batch_size": "16", "model.max_seq_len": "2048"}
 LONG = {"data.max_train_bytes": "24000000", "train.tokens": "20000000", "train.eval_every": "610",
         "train.ckpt_every": "610", "eval.batches": "16"}
 
@@ -133,8 +138,17 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                        records=25 * 260_000, modes="standard"),
     # The preset's settings were chosen looking at the test rows of seed 10,000 + n that every sweep above
     # reports: new training seeds and new test rows grade the final preset on rows no choice was made on.
-    StateTrackingSweep("preset_fresh", "the final preset regraded on fresh test rows (new seeds)", ST_TASKS,
-                       (10, 11, 12), test_seed=50_000),
+    StateTrackingSweep("preset_fresh", "the final preset on fresh test rows (new seeds), graded to 32x", ST_TASKS,
+                       (10, 11, 12), test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
+    StateTrackingSweep("preset_fresh_s5_seeds", "the final preset on S5 in three more fresh seeds", ("s5",),
+                       (13, 14, 15), test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES, into="preset_fresh"),
+    # Issue 37 part 3's lever: records of 1..32 moves, the same tokens and steps (16 windows of 64 tokens a step),
+    # graded at 1..32x its own training length (32..1024 moves; RoPE needs no parameters for the longer context).
+    StateTrackingSweep("len32_fresh", "the preset trained on 1..32 moves, fresh seeds and rows, graded to 32x",
+                       ("s5",), (10, 11, 12, 13, 14, 15), LEN32, moves=32, test_seed=50_000, lengths=LENGTHS_32X,
+                       modes=EXACT_MODES),
+    StateTrackingSweep("len32_fresh_tasks", "trained on 1..32 moves: the other tasks", ST_TASKS[:5], (10, 11, 12),
+                       LEN32, moves=32, test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES, into="len32_fresh"),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),

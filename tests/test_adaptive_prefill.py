@@ -133,7 +133,7 @@ def test_fixed_passes_are_reported_and_other_modes_report_zero():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(fused_passes="sometimes"), "integer >= 1 or 'auto'"),
+        (dict(fused_passes="sometimes"), "integer >= 1, 'auto' or 'exact'"),
         (dict(fused_passes="auto", fused_tol=-1.0), "fused_tol must be a number >= 0"),
         (dict(fused_passes="auto", fused_tol=float("nan")), "fused_tol must be a number >= 0"),
         (dict(fused_passes="auto", fused_max_passes=0), "fused_max_passes must be an integer >= 1"),
@@ -158,7 +158,7 @@ def test_cli_generate_auto(tmp_path, capsys):
     assert "adaptive fused prefill: 3 fused passes" in err  # BOS + 2 bytes: exact after 2, unchanged at 3
     assert out.startswith("ab")
     assert main(["generate", str(tmp_path / "m"), "--prompt", "ab", "--fused-passes", "often"]) == 2
-    assert "fused_passes must be an integer >= 1 or 'auto', got 'often'" in capsys.readouterr().err
+    assert "fused_passes must be an integer >= 1, 'auto' or 'exact', got 'often'" in capsys.readouterr().err
 
 
 def test_hf_export_generate_auto_matches_fullband(tmp_path):

@@ -81,7 +81,7 @@ def test_parse_modes_reads_labels_against_the_stored_settings():
     assert parse_modes("fused:auto")[0] == DecodeSettings("fused", "auto")
     assert [m.label for m in parse_modes("soft, fused:2,soft")] == ["soft", "fused:2"]
     for bad in ("fused:0", "fused:x"):
-        with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1 or 'auto'"):
+        with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1, 'auto' or 'exact'"):
             parse_modes(bad)
     with pytest.raises(ConfigError, match="unknown decode mode 'turbo'"):
         parse_modes("turbo")

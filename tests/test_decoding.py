@@ -20,9 +20,9 @@ def test_values_from_text_are_read_once_and_checked():
     assert DecodeSettings("fused", "auto").fused_passes == "auto"
     for kwargs, message in [
         (dict(mode="hard"), "unknown decode_mode 'hard'; choose one of standard, soft, fused"),
-        (dict(fused_passes=0), "fused_passes must be an integer >= 1 or 'auto', got 0"),
-        (dict(fused_passes=True), "fused_passes must be an integer >= 1 or 'auto', got True"),
-        (dict(fused_passes=2.5), "fused_passes must be an integer >= 1 or 'auto', got 2.5"),
+        (dict(fused_passes=0), "fused_passes must be an integer >= 1, 'auto' or 'exact', got 0"),
+        (dict(fused_passes=True), "fused_passes must be an integer >= 1, 'auto' or 'exact', got True"),
+        (dict(fused_passes=2.5), "fused_passes must be an integer >= 1, 'auto' or 'exact', got 2.5"),
         (dict(fused_tol=-1), "fused_tol must be a number >= 0, got -1"),
         (dict(fused_tol=float("nan")), "fused_tol must be a number >= 0"),
         (dict(fused_tol="x"), "fused_tol must be a number >= 0, got 'x'"),
@@ -61,7 +61,7 @@ def test_labels():
 
 def test_defaults_follow_the_training_schedule():
     assert DecodeSettings.trained_with(PassSchedule.parse("exact"), 512) == DecodeSettings(
-        "fused", "auto", fused_max_passes=512)
+        "fused", "exact", fused_max_passes=512)
     for schedule, mode in (("paper", "soft"), ("fixed:3", "soft"), ("standard", "standard"), ("fixed:1", "standard")):
         assert DecodeSettings.trained_with(PassSchedule.parse(schedule), 512) == DecodeSettings(mode), schedule
 

@@ -33,7 +33,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     parity = summary["state_tracking"]
     runs = parity["runs"]
     assert set(runs["fbt"]["accuracy"]) == set(runs["baseline"]["accuracy"]) == {str(n) for n in TEST_BITS}
-    assert set(runs["fbt"]["accuracy"]["64"]) == {"fused:auto", "standard"}
+    assert set(runs["fbt"]["accuracy"]["64"]) == {"fused:exact", "standard"}
     assert set(runs["baseline"]["accuracy"]["64"]) == {"standard"}
     assert "| FBT, exact recurrence over the prompt |" in printed and "| standard transformer |" in printed
     assert (tmp_path / "state_tracking.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -412,7 +412,7 @@ def test_a_converted_model_decodes_in_standard_mode_until_trained(tmp_path):
     ref = fb_generate(model, ids, 4, mode="fused", fused_passes="auto", fused_max_passes=5)
     assert torch.equal(out.sequences[:, 6:], ref)
     assert out.past_key_values.settings == DecodeSettings("fused", "auto", fused_max_passes=5)
-    with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1 or 'auto', got 0"):
+    with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1, 'auto' or 'exact', got 0"):
         export_hf(dst, tmp_path / "bad", fused_passes=0)
 
 

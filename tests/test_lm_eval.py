@@ -329,7 +329,7 @@ def test_bad_model_args_and_checkpoints(byte_model_dir, tmp_path):
         FullbandLM(pretrained=path, decode_mode="loud")
     with pytest.raises(ValueError, match="scoring='fast'"):
         FullbandLM(pretrained=path, scoring="fast")
-    with pytest.raises(ValueError, match="fused_passes must be an integer >= 1 or 'auto', got 'many'"):
+    with pytest.raises(ValueError, match="fused_passes must be an integer >= 1, 'auto' or 'exact', got 'many'"):
         FullbandLM(pretrained=path, fused_passes="many")
     with pytest.raises(ValueError, match="batch_size='auto' must be a positive integer"):
         FullbandLM(pretrained=path, batch_size="auto")

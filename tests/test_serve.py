@@ -152,8 +152,9 @@ def test_logprobs(client, model):
 
 @pytest.mark.parametrize("body,param,message", [
     ({"decode_mode": "jacobi"}, "decode_mode", "unknown decode_mode"),
-    ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes", "fused_passes must be an integer >= 1 or 'auto'"),
-    ({"fused_passes": "many"}, "fused_passes", "fused_passes must be an integer >= 1 or 'auto', got 'many'"),
+    ({"fused_passes": 0, "decode_mode": "fused"}, "fused_passes",
+     "fused_passes must be an integer >= 1, 'auto' or 'exact'"),
+    ({"fused_passes": "many"}, "fused_passes", "fused_passes must be an integer >= 1, 'auto' or 'exact', got 'many'"),
     # The server's settings (here the model's stored ones) bound the passes one request may run.
     ({"fused_passes": 9, "decode_mode": "fused"}, "fused_passes", "fused_passes must be at most 8 here"),
     ({"fused_passes": "auto", "decode_mode": "fused", "fused_max_passes": 9}, "fused_max_passes",

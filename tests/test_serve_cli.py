@@ -63,4 +63,4 @@ def test_command_line(tmp_path, capsys):
     assert main(["serve", str(tmp_path), "--decode-mode", "jacobi"]) == 2
     assert "unknown decode_mode 'jacobi'" in capsys.readouterr().err
     assert main(["serve", str(tmp_path), "--fused-passes", "0"]) == 2
-    assert "fused_passes must be an integer >= 1 or 'auto', got '0'" in capsys.readouterr().err
+    assert "fused_passes must be an integer >= 1, 'auto' or 'exact', got '0'" in capsys.readouterr().err

@@ -54,13 +54,14 @@ def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation"
     The values are checked by ``DecodeSettings``, so every command reports a bad one in the same words."""
     group = parser.add_argument_group(
         "decode settings", f"{what} decodes with the settings stored with the model (from how it was trained: "
-        "standard for a model whose fusion was never trained, soft for the paper's schedule, fused:auto up to the "
-        "context for the exact schedule); these options replace single fields")
+        "standard for a model whose fusion was never trained, soft for the paper's schedule, fused:exact for the "
+        "exact schedule); these options replace single fields")
     group.add_argument("--decode-mode", "--mode", dest="decode_mode", metavar="standard|soft|fused",
                        help="decode mode")
-    group.add_argument("--fused-passes", metavar="N|auto",
-                       help="fused mode: extra fused prefill passes over the prompt, or 'auto': until the prompt's "
-                       "states change by at most --fused-tol in a pass, at most --fused-max-passes")
+    group.add_argument("--fused-passes", metavar="N|auto|exact",
+                       help="fused mode: extra fused prefill passes over the prompt, 'auto': until the prompt's "
+                       "states change by at most --fused-tol in a pass, at most --fused-max-passes, or 'exact': the "
+                       "exact recurrence over the prompt (the passes' fixed point), token by token")
     group.add_argument("--fused-tol", metavar="TOL", help="fused:auto: largest relative state change to stop at")
     group.add_argument("--fused-max-passes", metavar="N",
                        help="fused:auto: at most this many passes (and a server's bound per request)")

@@ -8,8 +8,10 @@ Hugging Face export — starts from them, then applies what the caller overrides
 - a model that never trained its fusion (a fresh or converted model, a ``standard`` schedule): ``standard``;
   its soft and fused modes would feed back states through an untrained gate;
 - the paper's schedules (a few Jacobi passes): ``soft``, the paper's decoding;
-- the ``exact`` schedule (the recurrence over the whole prompt): ``fused`` with ``fused_passes="auto"``
-  capped at the model's context, since its prompts settle only at the exact recurrence's fixed point.
+- the ``exact`` schedule (the recurrence over the whole prompt): ``fused`` with ``fused_passes="exact"``, the
+  exact recurrence's fixed point that Jacobi passes reach only after as many passes as the prompt has tokens,
+  computed token by token at the cost of one pass (``fused_max_passes``, the context, caps what a request may
+  ask of ``fused:auto``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ except ImportError:  # pragma: no cover - only in an export
 
 MODES = ("standard", "soft", "fused")
 AUTO = "auto"
+EXACT = "exact"
 FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
 
 
@@ -50,12 +53,13 @@ class DecodeSettingsError(_ErrorBase):
 @dataclass(frozen=True)
 class DecodeSettings:
     """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt,
-    an integer >= 1 or "auto" (per row, until the prompt's top states change by at most ``fused_tol``
-    (relative) in a pass, or ``fused_max_passes`` passes ran). ``fused_max_passes`` is also the most passes a
-    server lets one request ask for."""
+    an integer >= 1, "auto" (per row, until the prompt's top states change by at most ``fused_tol``
+    (relative) in a pass, or ``fused_max_passes`` passes ran) or "exact" (the fixed point those passes reach
+    at ``fused_tol`` 0, computed token by token through the cache at the cost of one pass).
+    ``fused_max_passes`` is also the most Jacobi passes a server lets one request ask for."""
 
     mode: str = "standard"
-    fused_passes: int | Literal["auto"] = 1
+    fused_passes: int | Literal["auto", "exact"] = 1
     fused_tol: float = DEFAULT_FUSED_TOL
     fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES
 
@@ -88,42 +92,45 @@ class DecodeSettings:
 
     def with_label(self, label: str) -> DecodeSettings:
         """These settings in the mode a label names: standard, soft, fused (these settings' passes),
-        fused:N or fused:auto (these settings' tolerance and cap)."""
+        fused:N, fused:auto (these settings' tolerance and cap) or fused:exact."""
         name, colon, passes = label.strip().partition(":")
         if name not in MODES or (colon and (name != "fused" or not passes)):
             raise DecodeSettingsError(f"unknown decode mode {label!r}; modes are standard, soft, fused, fused:N "
-                                      "(N >= 1) and fused:auto")
+                                      "(N >= 1), fused:auto and fused:exact")
         return self.with_overrides(mode=name, fused_passes=passes or None)
 
     @classmethod
     def trained_with(cls, schedule: TrainingSchedule, max_seq_len: int) -> DecodeSettings:
         """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: the exact recurrence
-        (fused:auto up to the context), Jacobi passes (soft), or one pass only (standard: the fusion was never
-        trained)."""
+        (fused:exact; fused:auto may run up to the context), Jacobi passes (soft), or one pass only (standard: the
+        fusion was never trained)."""
         if schedule.exact:
-            return cls("fused", AUTO, DEFAULT_FUSED_TOL, max_seq_len)
+            return cls("fused", EXACT, DEFAULT_FUSED_TOL, max_seq_len)
         return cls("soft") if schedule.max_passes > 1 else cls("standard")
 
     # ---- reading --------------------------------------------------------------------------------------
 
     @property
     def label(self) -> str:
-        """standard, soft, fused:N or fused:auto."""
+        """standard, soft, fused:N, fused:auto or fused:exact."""
         return f"fused:{self.fused_passes}" if self.mode == "fused" else self.mode
 
     @property
-    def prefill_passes(self) -> int | Literal["auto"]:
+    def prefill_passes(self) -> int | Literal["auto", "exact"]:
         """Fused passes of the prompt phase: ``fused_passes`` in fused mode, else none."""
         return self.fused_passes if self.mode == "fused" else 0
 
     def describe(self) -> str:
         if self.mode == "fused" and self.fused_passes == AUTO:
             return f"fused:auto (tol {self.fused_tol:g}, at most {self.fused_max_passes} passes)"
+        if self.mode == "fused" and self.fused_passes == EXACT:
+            return "fused:exact (the exact recurrence over the prompt, token by token)"
         return self.label
 
     def check_within(self, limit: int) -> None:
-        """Refuse settings that could run more fused passes than ``limit`` (a server's bound per request)."""
-        if self.mode != "fused":
+        """Refuse settings that could run more fused passes than ``limit`` (a server's bound per request). The
+        exact prefill runs none: its cost is one pass, in one step per prompt token."""
+        if self.mode != "fused" or self.fused_passes == EXACT:
             return
         if self.fused_passes == AUTO and self.fused_max_passes > limit:
             raise DecodeSettingsError(f"fused_max_passes must be at most {limit} here, got {self.fused_max_passes}")
@@ -162,12 +169,12 @@ class DecodeSettings:
         (Path(directory) / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def _passes(value: Any) -> int | Literal["auto"]:
-    if value == AUTO:
-        return AUTO
+def _passes(value: Any) -> int | Literal["auto", "exact"]:
+    if value in (AUTO, EXACT):
+        return value
     number = _integer(value)
     if number is None or number < 1:
-        raise DecodeSettingsError(f"fused_passes must be an integer >= 1 or 'auto', got {value!r}")
+        raise DecodeSettingsError(f"fused_passes must be an integer >= 1, 'auto' or 'exact', got {value!r}")
     return number
 
 

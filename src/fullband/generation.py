@@ -6,7 +6,8 @@
 - ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training); the KV
   cache of the last pass is kept; then decode as in soft. ``fused_passes="auto"`` iterates per row until
   the prompt's top states change by at most ``fused_tol`` (relative) in a pass, or ``fused_max_passes``
-  (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran.
+  (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran. ``fused_passes="exact"``
+  computes that iteration's fixed point directly, the exact recurrence one prompt token at a time.
 
 What a call does not say comes from the settings stored with the model (``fullband.decoding``): the mode
 its training implies, and for ``fused_passes="auto"`` its tolerance and cap.
@@ -190,7 +191,8 @@ def generate_stream(
     """Yield a (B,) tensor of new token ids per step. Rows that produced ``eos_token_id`` keep
     yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps.
     The decode settings are ``decode`` (default: those stored with the model) with ``mode``,
-    ``fused_passes`` (an integer >= 1 or "auto"), ``fused_tol`` and ``fused_max_passes`` replaced where given.
+    ``fused_passes`` (an integer >= 1, "auto" or "exact"), ``fused_tol`` and ``fused_max_passes`` replaced where
+    given.
     ``stats``, a dict, receives ``"fused_passes"``: the fused prefill passes each row ran (a list of B
     ints, 0 outside fused mode) once the prefill is done, and with ``fused_passes="auto"`` also
     ``"fused_converged"``: whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
@@ -239,8 +241,8 @@ def generate(
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments
-    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes (int or "auto"),
-    fused_tol, fused_max_passes (each defaults to the model's stored setting), decode (a whole
+    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes (int, "auto" or
+    "exact"), fused_tol, fused_max_passes (each defaults to the model's stored setting), decode (a whole
     ``DecodeSettings``), temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask, seed, stats."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
@@ -269,7 +271,7 @@ def score_continuations(
 
     ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
     is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
-    mode, ``fused_passes`` may be "auto"), then the continuation tokens are fed one decode step at a time,
+    mode, ``fused_passes`` may be "auto" or "exact"), then the continuation tokens are fed one decode step at a time,
     each fused with the previous step's top state (soft/fused). In standard mode, where a step carries no
     state, the continuation goes through the cached model in one call (the same keys, values and logits).
     ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)

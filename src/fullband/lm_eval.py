@@ -4,8 +4,8 @@
     fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
 
 ``model_args``: ``pretrained`` (a run directory, checkpoint or model directory with its tokenizer beside it,
-or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused), ``fused_passes`` (N or
-auto), ``fused_tol`` and ``fused_max_passes`` (for auto) — each defaults to the decode settings stored with the
+or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused), ``fused_passes`` (N,
+auto or exact), ``fused_tol`` and ``fused_max_passes`` (for auto) — each defaults to the decode settings stored with the
 model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap — ``scoring``
 (decode | prefill, default decode),
 ``batch_size`` (default 8), ``device`` (default cuda if available), ``dtype`` (float32 | bfloat16 | float16 |

@@ -524,10 +524,17 @@ class FullBandLM(nn.Module):
         for its own k*. The rule is per row, so a row's k* and output do not depend on its batch. After
         T - 1 fused passes a T-token prompt is at the exact recurrence's fixed point, so ``fused_tol=0``
         with ``fused_max_passes >= T`` gives the sequential prefill. ``out.passes`` holds k* per row and, in
-        adaptive mode, ``out.converged`` whether it met ``fused_tol`` (False: stopped by ``fused_max_passes``)."""
+        adaptive mode, ``out.converged`` whether it met ``fused_tol`` (False: stopped by ``fused_max_passes``).
+
+        ``fused_passes="exact"``: that fixed point computed directly, one token at a time through the cache (the
+        exact recurrence; ``_exact_prefill``), at the FLOPs of one pass instead of up to T; ``out.passes`` is then
+        the Jacobi passes it stands for (each row's real tokens - 1)."""
+        if fused_passes == "exact":
+            return self._exact_prefill(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                                       logits_to_keep)
         adaptive = fused_passes == "auto"
         if not adaptive and (not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 0):
-            raise ValueError(f"fused_passes must be a non-negative integer or 'auto', got {fused_passes!r}")
+            raise ValueError(f"fused_passes must be a non-negative integer, 'auto' or 'exact', got {fused_passes!r}")
         if adaptive and (not isinstance(fused_max_passes, int) or fused_max_passes < 1):
             raise ValueError(f"fused_max_passes must be a positive integer, got {fused_max_passes!r}")
         if adaptive and not fused_tol >= 0:
@@ -571,6 +578,50 @@ class FullBandLM(nn.Module):
         out.passes = passes
         if adaptive:
             out.converged = done
+        return out
+
+    def _exact_prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        past_key_values: KVCache | None,
+        use_cache: bool,
+        logits_to_keep: int,
+    ) -> ModelOutput:
+        """The prompt through the exact recurrence: position t fused with the top state of t - 1, one decode step
+        per token, as soft decoding feeds generated tokens. Padding and each row's first real token (and the
+        prompt's first position, as in a fused pass) stay plain. Without a cache a temporary one is used."""
+        B, T = input_ids.shape
+        cache = past_key_values if past_key_values is not None else self.new_cache(B, T)
+        start = cache.length
+        real = None
+        if attention_mask is not None:
+            real = attention_mask.to(device=input_ids.device, dtype=torch.bool)
+            real = real[:, start:] if real.shape[1] == start + T else real
+            if position_ids is None:
+                position_ids = (real.long().cumsum(dim=1) - 1).clamp(min=0)
+            cache.mask_keys(real)  # marks the columns the steps below write, so no step needs the mask again
+        plain = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
+        plain[:, 0] = True
+        if position_ids is not None:
+            plain |= position_ids == 0
+        if real is not None:
+            plain |= ~real
+        logits, hidden = [], []
+        state = None
+        for t in range(T):
+            out = self(input_ids[:, t : t + 1], feedback=state, plain_mask=plain[:, t : t + 1],
+                       position_ids=None if position_ids is None else position_ids[:, t : t + 1],
+                       past_key_values=cache, use_cache=True)
+            if not logits_to_keep or t >= T - logits_to_keep:
+                logits.append(out.logits)
+            hidden.append(out.hidden)
+            state = out.hidden
+        out = ModelOutput(logits=torch.cat(logits, dim=1), hidden=torch.cat(hidden, dim=1),
+                          past_key_values=cache if use_cache else None)
+        tokens = torch.full((B,), T, device=input_ids.device) if real is None else real.sum(dim=1)
+        out.passes = (tokens - 1).clamp(min=0)
         return out
 
     def _attention_masks(

@@ -26,8 +26,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--task", action="append", required=True, metavar="TASK",
                    help="synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:key=value,...] or humaneval (repeatable)")
     p.add_argument("--modes",
-                   help="comma-separated: standard, soft, fused (the model's stored passes), fused:N, fused:auto "
-                   "(default: the decode mode stored with the model, from how it was trained)")
+                   help="comma-separated: standard, soft, fused (the model's stored passes), fused:N, fused:auto, "
+                   "fused:exact (default: the decode mode stored with the model, from how it was trained)")
     p.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy (default: 0)")
     p.add_argument("--samples", type=int, default=1, help="samples per problem at temperatures > 0 (default: 1)")
     p.add_argument("--k", default="1", help="comma-separated k of pass@k, each <= --samples (default: 1)")

@@ -30,7 +30,8 @@ class FullBandHFConfig(PreTrainedConfig):
     r"""
     fullband (dict): the fields of ``fullband.model.FullBandConfig`` (d_model, n_layers, fusion, ...).
     decode_mode (str): default latent-feedback mode of ``generate()``: "standard", "soft" or "fused".
-    fused_passes (int or "auto"): default extra fused prefill passes in "fused" mode.
+    fused_passes (int, "auto" or "exact"): default extra fused prefill passes in "fused" mode ("exact": the exact
+        recurrence over the prompt, token by token).
     fused_tol (float), fused_max_passes (int): ``fused_passes="auto"``'s tolerance and cap.
     These four are the model's stored decode settings (``fullband.decoding.DecodeSettings``).
     """

@@ -12,7 +12,8 @@ decode settings stored in config.json, checked by ``DecodeSettings``):
 - ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
 - ``"fused"``: plain prefill plus ``fused_passes`` fused passes over the prompt, then as soft;
   ``fused_passes="auto"`` iterates until the prompt's states change by at most ``fused_tol`` (relative) or
-  ``fused_max_passes`` passes ran (``FullBandLM.prefill``); the cache's ``prefill_passes`` holds the
+  ``fused_max_passes`` passes ran (``FullBandLM.prefill``), and ``fused_passes="exact"`` computes the fixed
+  point of those passes token by token (the exact recurrence); the cache's ``prefill_passes`` holds the
   passes each row ran (``generate(..., return_dict_in_generate=True).past_key_values``).
 
 The carried top state (B, 1, D) lives in :class:`FullBandCache` next to the KV cache, so batch expansion
@@ -376,7 +377,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         **kwargs,
     ) -> torch.LongTensor | ModelOutput:
         """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
-        "fused"), ``fused_passes`` (an integer or "auto" for the adaptive prefill), ``fused_tol`` and
+        "fused"), ``fused_passes`` (an integer, "auto" for the adaptive prefill or "exact"), ``fused_tol`` and
         ``fused_max_passes``; each defaults to the decode settings stored in ``config.json``.
         Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted
         decoding only in standard mode (it rolls the cache back)."""

@@ -2,7 +2,7 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /health`` and
 the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry the decode settings
-``decode_mode`` ("standard" | "soft" | "fused"), ``fused_passes`` (an integer or "auto"), ``fused_tol`` and
+``decode_mode`` ("standard" | "soft" | "fused"), ``fused_passes`` (an integer, "auto" or "exact"), ``fused_tol`` and
 ``fused_max_passes`` (the ``openai`` client sends them via ``extra_body``); what a request leaves out is the
 server's settings (those stored with the model unless ``fullband serve`` overrides them), whose
 ``fused_max_passes`` also bounds the fused passes one request may ask for. Completions take ``ignore_eos``
