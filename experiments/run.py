@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from experiments.state_tracking.table import read_run, sort_key
-from experiments.state_tracking.tasks import export_records
+from experiments.state_tracking.tasks import export_records, export_rows
 from experiments.sweeps import ARMS, ROOT, SWEEPS, LMSweep, StateTrackingSweep
 from fullband.config import load_config
 from fullband.loading import PRESET_DIR
@@ -123,6 +123,7 @@ class Runner:
         data_dir = run.with_name(run.name + ".data")
         log = run.with_name(run.name + ".log")
         lengths = [m * sweep.moves for m in sweep.lengths]
+        vals: dict[str, str] = {}
         if self.dry_run:
             tests = {str(n): str(data_dir / f"test{n}.jsonl") for n in lengths}
             train_file = str(data_dir / "train.jsonl")
@@ -131,6 +132,8 @@ class Runner:
             data = export_records(task, seed, sweep.moves, sweep.records, lengths, sweep.test_rows, sweep.test_seed,
                                   data_dir)
             tests, train_file = data["tests"], data["train"]
+            if sweep.val_seed is not None:
+                vals = export_rows(task, lengths, sweep.test_rows, sweep.val_seed, data_dir, prefix="val")
         # a checkpoint every 500 steps (the sweep's overrides may change it): what a killed run resumes from
         self.call(self.train_command(run, seed, sweep.preset, sweep.overrides,
                                      ["--data.source", train_file, "--train.log_every", "50",
@@ -138,13 +141,14 @@ class Runner:
         if self.train_only:
             return None
         model = run / "best" if (run / "best").is_dir() or self.dry_run else run
-        tasks = [item for n in lengths for item in ("--task", f"jsonl:{tests[str(n)]}")]
+        tasks = [item for files in (tests, vals) for n in lengths if str(n) in files
+                 for item in ("--task", f"jsonl:{files[str(n)]}")]
         self.call([self.python, "-m", "fullband", "bench", str(model), *tasks, "--modes", sweep.modes,
                    "--fused-max-passes", "1024", "--fused-tol", "0", "--out", str(run / "bench"), "--no-progress",
                    "--no-plots"], log)
         if self.dry_run:
             return None
-        record = read_run(run, task, seed, tests, sweep.modes.split(","))
+        record = read_run(run, task, seed, tests, sweep.modes.split(","), vals)
         record["data"] = {k: data[k] for k in ("records", "dropped_test_prompts", "test_rows", "test_seed")}
         return record
 

@@ -39,6 +39,9 @@ class StateTrackingSweep:
     # test rows at n moves are drawn with seed test_seed + n: 10,000 for every sweep reported so far, so all
     # of them are paired row by row
     test_seed: int = 10_000
+    # validation rows (seed val_seed + n, the same lengths), graded beside the test rows: a sweep that is a candidate
+    # recipe is chosen on them, then reported on test rows no choice was made on
+    val_seed: int | None = None
     experiment: str = "state_tracking"
     into: str = ""  # the results file of another sweep this one adds runs to (more seeds or tasks of it)
 
@@ -139,16 +142,18 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     # The preset's settings were chosen looking at the test rows of seed 10,000 + n that every sweep above
     # reports: new training seeds and new test rows grade the final preset on rows no choice was made on.
     StateTrackingSweep("preset_fresh", "the final preset on fresh test rows (new seeds), graded to 32x", ST_TASKS,
-                       (10, 11, 12), test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
+                       (10, 11, 12), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
     StateTrackingSweep("preset_fresh_s5_seeds", "the final preset on S5 in three more fresh seeds", ("s5",),
-                       (13, 14, 15), test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES, into="preset_fresh"),
+                       (13, 14, 15), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
+                       into="preset_fresh"),
     # Issue 37 part 3's lever: records of 1..32 moves, the same tokens and steps (16 windows of 64 tokens a step),
     # graded at 1..32x its own training length (32..1024 moves; RoPE needs no parameters for the longer context).
     StateTrackingSweep("len32_fresh", "the preset trained on 1..32 moves, fresh seeds and rows, graded to 32x",
-                       ("s5",), (10, 11, 12, 13, 14, 15), LEN32, moves=32, test_seed=50_000, lengths=LENGTHS_32X,
-                       modes=EXACT_MODES),
+                       ("s5",), (10, 11, 12, 13, 14, 15), LEN32, moves=32, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES),
     StateTrackingSweep("len32_fresh_tasks", "trained on 1..32 moves: the other tasks", ST_TASKS[:5], (10, 11, 12),
-                       LEN32, moves=32, test_seed=50_000, lengths=LENGTHS_32X, modes=EXACT_MODES, into="len32_fresh"),
+                       LEN32, moves=32, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
+                       into="len32_fresh"),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),

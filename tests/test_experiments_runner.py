@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = {"train.tokens": "2560", "train.batch_size": "4", "train.eval_every": "5", "train.ckpt_every": "5",
         "eval.batches": "1", "model.d_model": "16", "model.d_ff": "32", "model.n_heads": "2"}
 SWEEP_ARGS = {"name": "tiny", "doc": "a test", "tasks": ["parity"], "seeds": [0], "overrides": TINY, "moves": 4,
-              "records": 400, "lengths": [1, 2], "test_rows": 10}
+              "records": 400, "lengths": [1, 2], "test_rows": 10, "val_seed": 30_000, "modes": "standard,fused:exact"}
 SWEEP = StateTrackingSweep(**SWEEP_ARGS)
 
 
@@ -67,6 +67,9 @@ def test_runner_trains_grades_merges_skips_and_resumes_a_killed_run(tmp_path, mo
     assert proc.returncode == -signal.SIGKILL, "the runner finished before it could be killed"
     assert not results.exists() and not (run / "bench").exists()
 
+    # --train-only: the run is finished from its checkpoint, nothing is graded or merged
+    assert runner.Runner(SWEEP, runs, results, train_only=True).run(SWEEP.jobs(), 1) == [("parity", 0)]
+    assert not results.exists() and not (run / "bench").exists()
     assert runner.Runner(SWEEP, runs, results).run(SWEEP.jobs(), 2) == [("parity", 0)]
     log = (runs / "tiny" / "parity_s0.log").read_text()
     assert "--resume" in log and "resumed from" in log  # continued from the checkpoint, not started again
@@ -77,9 +80,14 @@ def test_runner_trains_grades_merges_skips_and_resumes_a_killed_run(tmp_path, mo
     assert set(record["lengths"]) == {"4", "8"} and 5 <= record["kept_step"] <= 20
     assert record["data"]["records"] + record["data"]["dropped_test_prompts"] == 400
     for cells in record["lengths"].values():  # the per-row grades are fullband bench's, the same rows per mode
-        std, fused = cells["standard"], cells["fused:auto"]
+        std, fused = cells["standard"], cells["fused:exact"]
         assert std["problems"] == fused["problems"] and len(std["correct"]) == 10
         assert std["accuracy"] == std["correct"].count("1") / 10
+    # the validation rows (seed 30,000 + n) are graded beside the test rows, and are other rows
+    assert set(record["val_lengths"]) == {"4", "8"}
+    data = run.with_name(run.name + ".data")
+    assert (data / "val8.jsonl").read_text() != (data / "test8.jsonl").read_text()
+    assert len(record["val_lengths"]["8"]["fused:exact"]["correct"]) == 10
     stamp = results.stat().st_mtime_ns
     assert runner.Runner(SWEEP, runs, results).run(SWEEP.jobs(), 2) == []  # done: skipped, nothing rewritten
     assert results.stat().st_mtime_ns == stamp
@@ -122,11 +130,14 @@ def test_every_sweep_is_a_valid_config_with_unique_jobs():
     # sweeps that add to another's file share it; every file named is a sweep's own
     owners = {s.results for s in SWEEPS.values() if not s.into}
     assert all(s.results in owners for s in SWEEPS.values())
-    # the regrade of the final preset draws test rows no reported sweep was graded on
+    # The regrade of the final preset draws test rows and seeds no reported sweep used; the sweeps graded on those
+    # rows beside it (candidate recipes) are chosen on validation rows of their own seed, disjoint from every test set.
     fresh = SWEEPS["preset_fresh"]
-    graded = {s.test_seed for s in SWEEPS.values() if isinstance(s, StateTrackingSweep) and s is not fresh}
-    assert fresh.test_seed not in graded and not set(fresh.seeds) & {seed for s in SWEEPS.values() for seed in s.seeds
-                                                                     if s is not fresh}
+    st = [s for s in SWEEPS.values() if isinstance(s, StateTrackingSweep)]
+    on_fresh_rows = [s for s in st if s.test_seed == fresh.test_seed]
+    older = [s for s in st if s.test_seed != fresh.test_seed]
+    assert not set(fresh.seeds) & {seed for s in older for seed in s.seeds}
+    assert all(s.val_seed is not None and s.val_seed not in {t.test_seed for t in st} for s in on_fresh_rows)
 
 
 def test_unknown_jobs_and_sweeps_are_refused_with_what_exists(capsys):

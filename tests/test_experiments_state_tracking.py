@@ -148,3 +148,23 @@ def test_a_half_written_model_is_named_in_the_error(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"half a file")
     with pytest.raises(SystemExit, match="not a model written by fullband train"):
         core.load_run_model(tmp_path)
+
+
+def test_a_sweep_graded_with_fused_exact_and_on_validation_rows():
+    """The sweeps graded to 32x use fused:exact as the recurrence (paired with an older sweep's fused:auto) and
+    carry validation rows; `--rows val` tables those instead of the test rows."""
+    exact = record("s5", 0, {"2": "1111", "4": "1100"})
+    for cell in exact["lengths"].values():
+        cell["fused:exact"] = cell.pop("fused:auto")
+    exact["val_lengths"] = record("s5", 0, {"2": "1111", "4": "0000"})["lengths"]
+    for cell in exact["val_lengths"].values():
+        cell["fused:exact"] = cell.pop("fused:auto")
+    rows = table.table([exact]).splitlines()
+    assert "paired fused:exact − standard" in rows[-3] and rows[-1].startswith("| s5 | [0] | 1.000 (1 seed) / 0.500")
+    val = table.rows_of([exact], "val", "x")
+    assert table.table(val).splitlines()[-1].startswith("| s5 | [0] | 1.000 (1 seed) / 0.000")
+    lines = table.against([exact], [record("s5", 0, {"2": "1111", "4": "1000"})], "new", "old").splitlines()
+    assert "paired new fused:exact − old fused:auto" in lines[0]
+    assert lines[2].startswith("| s5 | 0 | 2: +0.000, 4: +0.250")
+    with pytest.raises(SystemExit, match="no val_seed"):
+        table.rows_of([record("s5", 0, {"2": "1111"})], "val", "old")

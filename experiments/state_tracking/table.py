@@ -1,8 +1,8 @@
 """The state-tracking table of a sweep (experiments/sweeps.py): one row per run (`fullband train --config
-state-tracking`, then `fullband bench OUT/best --modes standard,fused:auto` at 1, 2, 4 and 8 × L moves), with
+state-tracking`, then `fullband bench OUT/best --modes standard,fused:exact` at 1 .. 32 × L moves), with
 what the run cost (K per step, tokens, token-equivalent compute, seconds), the step of the kept model, the
 accuracies (with fullband bench's bootstrap interval at the longest length), per task the paired difference
-fused:auto − standard on the same test rows (mean and 95% t interval over seeds), and a plot of accuracy against
+recurrence − standard on the same test rows (mean and 95% t interval over seeds), and a plot of accuracy against
 length per task and mode. It reads the sweep's JSON (experiments/state_tracking/results/NAME.json), which
 `python -m experiments.run NAME` fills run by run, so the table is rebuilt without the runs (runs/ is not
 committed).
@@ -26,7 +26,10 @@ from experiments.state_tracking.tasks import paired_difference
 from experiments.stats import fmt, interval
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODES = ("standard", "fused:auto")  # the modes a sweep grades in, in table order
+# The modes a sweep grades in, in table order. The FBT's exact recurrence is fused:exact (token by token) in the
+# sweeps graded to 32x, fused:auto at tolerance 0 (its Jacobi fixed point: the same states) in the earlier ones.
+RECURRENCE = ("fused:auto", "fused:exact")
+MODES = ("standard", *RECURRENCE)
 
 
 def modes_of(records: list[dict]) -> list[str]:
@@ -35,14 +38,17 @@ def modes_of(records: list[dict]) -> list[str]:
 
 
 def main_mode(records: list[dict]) -> str:
-    """The mode a model is used in: an FBT's exact recurrence (fused:auto) where graded, else the one plain pass."""
+    """The mode a model is used in: an FBT's exact recurrence (fused:exact or fused:auto) where graded, else the one
+    plain pass."""
     return modes_of(records)[-1]
 TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
 
 
-def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list[str]) -> dict:
+def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list[str],
+             vals: dict[str, str] | None = None) -> dict:
     """One graded run's record: its training (run/metrics.jsonl, run/best/best.json) and, per length in `tests`
-    (moves → the test file graded as `jsonl:PATH`), each of `modes`' accuracy and per-row grades (run/bench)."""
+    (moves → the test file graded as `jsonl:PATH`), each of `modes`' accuracy and per-row grades (run/bench);
+    the same for the validation rows `vals` under "val_lengths"."""
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     passes = [s["passes"] for s in steps]
     best = run / "best" / "best.json"
@@ -55,20 +61,26 @@ def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list
               "lengths": {}}
     results = json.loads((run / "bench" / "results.json").read_text())["results"]
     samples = [json.loads(line) for line in (run / "bench" / "samples.jsonl").read_text().splitlines() if line]
-    for moves, path in sorted(tests.items(), key=lambda item: int(item[0])):
-        key = f"jsonl:{path}"
-        cell = {}
-        for mode in modes:
-            r = results[key][mode]["0.0"]
-            # sorted by the problem's id as a string: the order every record so far keeps, so rows pair across
-            # sweeps (--against) as they pair across modes
-            graded = sorted((row["problem"], row["correct"]) for row in samples
-                            if row["task"] == key and row["mode"] == mode)
-            cell[mode] = {"accuracy": r["accuracy"], "ci": r["accuracy_ci"], "mean_passes": r["mean_fused_passes"],
-                          "unconverged": r["fused_unconverged"],
-                          "problems": [p for p, _ in graded], "correct": "".join("1" if c else "0" for _, c in graded)}
-        record["lengths"][moves] = cell
+    for field, files in (("lengths", tests), ("val_lengths", vals or {})):
+        if files:
+            record[field] = {moves: graded_cell(results, samples, f"jsonl:{path}", modes)
+                             for moves, path in sorted(files.items(), key=lambda item: int(item[0]))}
     return record
+
+
+def graded_cell(results: dict, samples: list[dict], key: str, modes: list[str]) -> dict:
+    """Per mode, the accuracy of one bench task (a test file) and its per-row grades."""
+    cell = {}
+    for mode in modes:
+        r = results[key][mode]["0.0"]
+        # sorted by the problem's id as a string: the order every record so far keeps, so rows pair across
+        # sweeps (--against) as they pair across modes
+        graded = sorted((row["problem"], row["correct"]) for row in samples
+                        if row["task"] == key and row["mode"] == mode)
+        cell[mode] = {"accuracy": r["accuracy"], "ci": r["accuracy_ci"], "mean_passes": r["mean_fused_passes"],
+                      "unconverged": r["fused_unconverged"],
+                      "problems": [p for p, _ in graded], "correct": "".join("1" if c else "0" for _, c in graded)}
+    return cell
 
 
 def paired(a: dict, b: dict) -> float:
@@ -88,6 +100,15 @@ def load(name: str, results: Path = RESULTS) -> list[dict]:
     if not path.is_file():
         raise SystemExit(f"{path} does not exist: run `python -m experiments.run {name}` first")
     return json.loads(path.read_text())
+
+
+def rows_of(records: list[dict], rows: str, name: str) -> list[dict]:
+    """The records with their grades on the test rows, or on the validation rows in their place."""
+    if rows == "test":
+        return records
+    if not all("val_lengths" in r for r in records):
+        raise SystemExit(f"{name} was not graded on validation rows (its sweep has no val_seed)")
+    return [{**r, "lengths": r["val_lengths"]} for r in records]
 
 
 def table(records: list[dict]) -> str:
@@ -114,9 +135,10 @@ def table(records: list[dict]) -> str:
         else:
             cells.append("—")
         lines.append("| " + " | ".join(cells) + " |")
-    both = modes == list(MODES)  # the paired gain of the recurrence over the plain pass, where both were graded
+    # the paired gain of the recurrence over the plain pass, where both were graded
+    both = "standard" in modes and main in RECURRENCE
     head = [f"{main} accuracy, mean [95% t interval]: {at} moves"]
-    head += [f"paired fused:auto − standard, same rows, mean [95% t interval]: {at} moves"] if both else []
+    head += [f"paired {main} − standard, same rows, mean [95% t interval]: {at} moves"] if both else []
     lines += ["", "| task | seeds | " + " | ".join(head) + " |", "|---" * (2 + len(head)) + "|"]
     for task in dict.fromkeys(r["task"] for r in records):
         runs = [r for r in records if r["task"] == task]
@@ -125,7 +147,7 @@ def table(records: list[dict]) -> str:
             graded = [r["lengths"][str(m)] for r in runs if str(m) in r["lengths"]]
             note = f" ({len(graded)} of {len(runs)} seeds)" if graded and len(graded) != len(runs) else ""
             accs.append(fmt([g[main]["accuracy"] for g in graded]) + note if graded else "—")
-            diffs.append(fmt([paired(g["fused:auto"], g["standard"]) for g in graded], "+.3f") + note
+            diffs.append(fmt([paired(g[main], g["standard"]) for g in graded], "+.3f") + note
                          if graded and both else "—")
         cells = [" / ".join(accs)] + ([" / ".join(diffs)] if both else [])
         lines.append(f"| {task} | {[r['seed'] for r in runs]} | " + " | ".join(cells) + " |")
@@ -142,10 +164,11 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
     cols = min(3, len(tasks))
     rows_n = (len(tasks) + cols - 1) // cols
     fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
-    styles = {mode: style for mode, style in (("fused:auto", ("C0", "o", "-")), ("standard", ("C1", "x", ":")))
+    main = main_mode(records)
+    styles = {mode: style for mode, style in ((main, ("C0", "o", "-")), ("standard", ("C1", "x", ":")))
               if mode in modes_of(records)}
     # A sweep graded in standard mode only trained a baseline: an LSTM (model.arch lstm) or a standard transformer.
-    model = ("FBT" if "fused:auto" in styles else "LSTM" if records[0].get("arch") == "lstm"
+    model = ("FBT" if main in RECURRENCE else "LSTM" if records[0].get("arch") == "lstm"
              else "standard transformer,")
     for ax, task in zip(axes.flat, tasks):
         runs = [r for r in records if r["task"] == task]
@@ -176,8 +199,8 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
 
 def against(records: list[dict], other: list[dict], label: str, other_label: str) -> str:
     """Per run both sweeps hold (same task and seed), this sweep − the other on the same rows, each in the mode it
-    is used in (fused:auto for an FBT, standard for a baseline), at every length both were graded at; and at the
-    longest, how many failing rows the two share against what independent failures would share (failures of
+    is used in (the exact recurrence for an FBT, standard for a baseline), at every length both were graded at; and
+    at the longest, how many failing rows the two share against what independent failures would share (failures of
     one run times those of the other over the rows)."""
     mine, theirs = main_mode(records), main_mode(other)
     others = {(r["task"], r["seed"]): r for r in other}
@@ -228,10 +251,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--against", metavar="NAME", help="instead of the table: per run held by both, NAME − this "
                    "on the same rows")
     p.add_argument("--plot", type=Path, help="where the plot goes (default NAME.png beside the JSON; '' = none)")
+    p.add_argument("--rows", choices=("test", "val"), default="test",
+                   help="grade on the test rows (default) or the validation rows a recipe is chosen on (a sweep with "
+                   "val_seed)")
     args = p.parse_args(argv)
-    records = load(args.name, args.results)
+    records = rows_of(load(args.name, args.results), args.rows, args.name)
     if args.against:
-        print(against(records, load(args.against, args.results), args.name, args.against))
+        other = rows_of(load(args.against, args.results), args.rows, args.against)
+        print(against(records, other, args.name, args.against))
         return
     print(table(records))
     out = args.results.parent / f"{args.name}.png" if args.plot is None else args.plot

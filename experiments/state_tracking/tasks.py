@@ -55,11 +55,7 @@ def export_records(task: str, seed: int, moves: int, records: int, lengths: list
     if manifest_path.is_file():
         return json.loads(manifest_path.read_text())
     out.mkdir(parents=True, exist_ok=True)
-    tests = {}
-    for length in lengths:
-        rows = synthetic_examples(task_with_moves(task, length), test_rows, test_seed + length)
-        _write_jsonl(rows, out / f"test{length}.jsonl")
-        tests[str(length)] = str(out / f"test{length}.jsonl")
+    tests = export_rows(task, lengths, test_rows, test_seed, out)
     test_prompts = {json.loads(line)["prompt"] for path in tests.values() for line in Path(path).open()}
     base, _, options = task.partition(":")
     train_task = state_tracking_task(base, 1, moves, options=options.replace(";", ","))
@@ -80,6 +76,19 @@ def export_records(task: str, seed: int, moves: int, records: int, lengths: list
     partial.write_text(json.dumps(manifest, indent=1) + "\n")
     partial.replace(manifest_path)  # last: its presence means every file above is whole
     return manifest
+
+
+def export_rows(task: str, lengths: list[int], rows: int, seed: int, out: Path, prefix: str = "test") -> dict[str, str]:
+    """`rows` rows of exactly each of `lengths` moves (seed `seed + length`) as out/PREFIX{length}.jsonl, the files
+    `fullband bench` grades as `jsonl:PATH`; {length: path}."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for length in lengths:
+        path = out / f"{prefix}{length}.jsonl"
+        if not path.is_file():  # written whole or not at all, and the same rows every time
+            _write_jsonl(synthetic_examples(task_with_moves(task, length), rows, seed + length), path)
+        paths[str(length)] = str(path)
+    return paths
 
 
 def encode_batch(examples: list[Example], tok: ByteTokenizer) -> tuple[torch.Tensor, torch.Tensor]:
