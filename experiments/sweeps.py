@@ -146,6 +146,18 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("preset_fresh_s5_seeds", "the final preset on S5 in three more fresh seeds", ("s5",),
                        (13, 14, 15), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
                        into="preset_fresh"),
+    # The baselines on the same fresh rows and seeds, graded to 32x: the transformer (full attention) and the LSTM.
+    StateTrackingSweep("baseline_fresh", "standard transformer, full attention, equal tokens, fresh rows, to 32x",
+                       ST_TASKS, (10, 11, 12), BASELINE, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes="standard"),
+    StateTrackingSweep("baseline_fresh_s5_seeds", "the transformer on S5 in three more fresh seeds", ("s5",),
+                       (13, 14, 15), BASELINE, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes="standard", into="baseline_fresh"),
+    StateTrackingSweep("lstm_fresh", "torch's LSTM, equal tokens, fresh rows, to 32x", ST_TASKS, (10, 11, 12), LSTM,
+                       test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard"),
+    StateTrackingSweep("lstm_fresh_s5_seeds", "the LSTM on S5 in three more fresh seeds", ("s5",), (13, 14, 15),
+                       LSTM, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard",
+                       into="lstm_fresh"),
     # Issue 37 part 3's lever: records of 1..32 moves, the same tokens and steps (16 windows of 64 tokens a step),
     # graded at 1..32x its own training length (32..1024 moves; RoPE needs no parameters for the longer context).
     StateTrackingSweep("len32_fresh", "the preset trained on 1..32 moves, fresh seeds and rows, graded to 32x",

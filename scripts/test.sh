@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=dev bash scripts/setup.sh
 .venv/bin/ruff check src tests benchmarks experiments
-exec .venv/bin/python -m pytest "$@"
+# Two workers (pytest-xdist), each test file on one of them (module fixtures built once); TEST_WORKERS=0 runs in
+# this process. tests/conftest.py keeps each worker to one thread.
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -13,6 +13,13 @@ import torch
 
 from fullband import FullBandConfig, FullBandLM
 
+# Under pytest-xdist (scripts/test.sh runs two workers on a 2-core machine) each worker and the processes its tests
+# start keep to one thread: two workers of two threads each on two cores make torch's thread pools wait on each
+# other, several times slower than one thread each.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 FUSIONS = ("gate", "concat", "add")
 SOURCES = ("final_norm", "residual")
 
