@@ -168,3 +168,25 @@ def test_a_sweep_graded_with_fused_exact_and_on_validation_rows():
     assert lines[2].startswith("| s5 | 0 | 2: +0.000, 4: +0.250")
     with pytest.raises(SystemExit, match="no val_seed"):
         table.rows_of([record("s5", 0, {"2": "1111"})], "val", "old")
+
+
+def test_compare_tables_each_sweep_in_its_own_mode_and_pairs_the_first_with_the_others(tmp_path, capsys):
+    from experiments.state_tracking import compare
+
+    fbt = [record("s5", 0, {"2": "1111", "4": "1100"}), record("s5", 1, {"2": "1111", "4": "1110"})]
+    lstm = [record("s5", s, {"2": "0000", "4": "0000"}, standard={"2": "1100", "4": "1000"}) for s in (0, 1)]
+    for r in lstm:
+        r["arch"], r["compute_tokens"] = "lstm", r["tokens"]
+        for cell in r["lengths"].values():
+            del cell["fused:auto"]
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "fbt.json").write_text(json.dumps(fbt))
+    (results / "lstm.json").write_text(json.dumps(lstm))
+    compare.main(["fbt", "lstm", "--results", str(results), "--plot", str(tmp_path / "c.png")])
+    out = capsys.readouterr().out
+    assert "| s5 | FBT (fbt, fused:auto) | 2 | 1.000 [1.000, 1.000] | 0.625 [" in out
+    assert "| s5 | LSTM (lstm, standard) | 2 | 0.500 [0.500, 0.500] | 0.250 [0.250, 0.250] |" in out
+    assert "| LSTM (lstm, standard) | 2 | 0.00 M | 0.00 M | 3–3 |" in out  # tokens = compute: one pass
+    assert f"| s5 | [0, 1] | {fmt([0.5, 0.5], '+.3f')} / {fmt([0.25, 0.5], '+.3f')} |" in out
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
