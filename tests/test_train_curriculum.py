@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import test_train
 import torch
-from test_train import SEQ, read_metrics, steps_of, tiny_config
+from test_train import BATCH, SEQ, read_metrics, steps_of, tiny_config
 
 from fullband.data import TokenLoader, TokenSplit, open_dataset, prepare_dataset
 from fullband.data.synthetic import export_jsonl, state_tracking_task
@@ -271,3 +271,24 @@ def test_bench_runs_fused_auto_of_an_exact_trained_run_to_the_fixed_point(tmp_pa
         assert main(generate + extra) == 0
         err = capsys.readouterr().err
         assert "adaptive fused prefill: " in err and ("cut off at fused_max_passes 2" in err) == cut
+
+
+@pytest.mark.parametrize("schedule", ["standard", "exact"])
+def test_a_steps_loss_is_the_mean_over_its_labels_however_micro_batches_split_it(tmp_path, mixed_lengths, schedule):
+    """Prompt-answer records label their answers only, so micro-batches hold different numbers of labels: 8 rows
+    in one micro-batch and the same 8 rows in two of 4 give the same losses, gradients and weights (the mean over
+    the step's labels, not a mean of micro-batch means)."""
+    data, data_dir = mixed_lengths
+    steps = 3
+    runs = {}
+    for batch, grad_accum in ((2 * BATCH, 1), (BATCH, 2)):
+        # no jitter: its noise is drawn per (micro-batch, row), which the two splits number differently
+        cfg = tiny_config(data=data, model={"feedback_jitter": 0.0},
+                          train={"schedule": schedule, "batch_size": batch, "grad_accum": grad_accum,
+                                 "tokens": steps_of(steps, 2), "prefix_mixin": 0.0, "dtype": "float32"})
+        train(cfg, tmp_path / f"ga{grad_accum}", data_dir=data_dir)
+        runs[grad_accum] = read_metrics(tmp_path / f"ga{grad_accum}")
+    assert [r["passes"] for r in runs[1]] == [r["passes"] for r in runs[2]]
+    for one, two in zip(runs[1], runs[2]):
+        assert two["loss"] == pytest.approx(one["loss"], rel=1e-5), (one["step"], one["loss"], two["loss"])
+        assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)

@@ -48,6 +48,7 @@ def multipass_loss(
     ignore_index: int = IGNORE_INDEX,
     backward_scale: float | None = None,
     detach: bool = False,
+    label_count: torch.Tensor | None = None,
     **recurrence: Any,
 ) -> ObjectiveOutput:
     """The loss of ``passes`` passes of ``model`` over ``input_ids`` against ``labels`` (B, T).
@@ -60,6 +61,9 @@ def multipass_loss(
     over the passes. ``backward_scale`` (needs ``detach``): backpropagate ``backward_scale`` × each pass's
     term right after that pass, freeing its graph, so memory holds one pass instead of K; the returned
     loss is then detached. Passes run under no_grad (``grad_passes``) still count in ``loss``.
+    ``label_count``: the number of labels the mean divides by, this batch's own by default; the trainer passes the
+    whole step's (every micro-batch on every rank), so that summing the micro-batches' losses gives the step's mean
+    over its labels however they are split.
     """
     if pass_loss not in PASS_LOSSES:
         raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
@@ -68,7 +72,7 @@ def multipass_loss(
     terms, pass_losses = [], []
     for k, step in enumerate(model.iterate_passes(input_ids, passes, detach=detach, **recurrence)):
         weight = pass_weight(k, passes, pass_loss, later_pass_weight)
-        term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index)
+        term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index, label_count)
         if backward_scale is not None and term.requires_grad:
             # With detached states, pass k's graph is not needed after its own loss term: backpropagate and
             # free it now, before the next pass is built.
@@ -81,14 +85,15 @@ def multipass_loss(
 
 
 def _pass_term(
-    logits: torch.Tensor, labels: torch.Tensor, weight: float, z_loss: float, ignore_index: int
+    logits: torch.Tensor, labels: torch.Tensor, weight: float, z_loss: float, ignore_index: int,
+    label_count: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weight × the pass's next-token loss + z_loss × mean(logsumexp²), the next-token loss) of one pass's
-    (B, T, V) logits."""
+    (B, T, V) logits, each a sum over the valid labels divided by ``label_count`` (default: their number)."""
     # Mean over valid labels, written as sum / count so that a batch whose targets are all masked (e.g. a
     # window inside a long user turn) contributes 0 instead of NaN.
     valid = (labels != ignore_index).flatten()
-    count = valid.sum().clamp_min(1)
+    count = valid.sum().clamp_min(1) if label_count is None else label_count
     logits = logits.flatten(0, 1)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: the loss in float32
     pass_ce = F.cross_entropy(logits, labels.flatten(), ignore_index=ignore_index, reduction="sum") / count
@@ -111,6 +116,7 @@ def sequential_loss(
     segment_ids: torch.Tensor | None = None,
     prefix_mixin: float = 0.0,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    label_count: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
     """The next-token loss of the exact recurrence, computed token by token (``fullband.train.sequential``):
     with jitter 0, the loss and gradients of ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest
@@ -118,10 +124,10 @@ def sequential_loss(
     ``bos_token_id``, document starts of ``segment_ids``, a ``prefix_mixin`` prefix drawn from ``generator``
     as a K >= 2 Jacobi step draws it). ``z_loss`` adds z_loss·mean(logsumexp²) of this one pass (the Jacobi
     objective averages it over all K passes, so with z-loss the two differ). ``pass_losses`` holds the one
-    pass's loss."""
+    pass's loss. ``label_count`` as in ``multipass_loss``."""
     plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids, prefix_mixin, generator)
     logits, _ = sequential_states(model, input_ids, plain, segment_ids)
-    term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index)
+    term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index, label_count)
     return ObjectiveOutput(loss=term, pass_losses=[pass_ce])
 
 

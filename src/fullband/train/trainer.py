@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from fullband.architectures import LanguageModel, build_model, stored_arch
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
+from fullband.data.shards import IGNORE_INDEX
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult, evaluate
@@ -435,7 +436,7 @@ class Trainer:
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
         # Detached passes are backpropagated one at a time (memory of one pass, not K). DDP and FSDP
         # synchronise gradients once per backward, so distributed runs keep one backward per micro-batch.
-        self.per_pass_backward = 1.0 / t.grad_accum if t.detach_passes and self.world_size == 1 else None
+        self.per_pass_backward = 1.0 if t.detach_passes and self.world_size == 1 else None
         self.autocast = self._autocast()
         self.state = TrainState()
         if self.resume:
@@ -529,11 +530,13 @@ class Trainer:
         # [loss, pass 1 loss, ..., pass K loss], summed on the device and read once per step, not per pass. The
         # sequential exact mode computes one pass, the exact recurrence: [loss, its loss].
         loss_sums = torch.zeros(1 + self._passes_computed(passes), dtype=torch.float64, device=self.device)
-        for micro, micro_windows in enumerate(windows):
-            batch = self.loader.batch(micro_windows).to(self.device)
+        batches = [self.loader.batch(micro_windows).to(self.device) for micro_windows in windows]
+        label_count = self._step_label_count(batches)
+        for micro, batch in enumerate(batches):
             generators = self._row_generators(step, micro, passes)
-            losses = self.forward_backward_step(batch, passes, z_loss, generators, sync=micro + 1 == t.grad_accum)
-            loss_sums += losses / t.grad_accum
+            losses = self.forward_backward_step(batch, passes, z_loss, generators, sync=micro + 1 == t.grad_accum,
+                                                label_count=label_count)
+            loss_sums += losses * self.world_size
         grad_norm = self._clip(self.model)
         values = self._all_mean(torch.cat([loss_sums.cpu(), torch.tensor([grad_norm], dtype=torch.float64)]))
         loss, grad_norm = values[0], values[-1]
@@ -554,15 +557,19 @@ class Trainer:
                 "passes": passes, "pass_losses": values[1:-1], "lr": lr, "grad_norm": grad_norm, "skipped": not good}
 
     def forward_backward_step(
-        self, batch: Batch, passes: int, z_loss: float, generators: list[torch.Generator] | None, sync: bool
+        self, batch: Batch, passes: int, z_loss: float, generators: list[torch.Generator] | None, sync: bool,
+        label_count: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One micro-batch through the objective: forward and backward, the loss scaled by 1 / grad_accum (pass by
-        pass when detached passes are backpropagated one at a time). DDP synchronises gradients only when
-        ``sync`` (the step's last micro-batch). Returns [loss, pass 1 loss, ..., pass K loss] (sequential exact mode:
-        [loss, the exact recurrence's loss]), detached, float64."""
+        """One micro-batch through the objective: forward and backward (pass by pass when detached passes are
+        backpropagated one at a time). Its losses are sums over its labels divided by ``label_count``, the step's
+        labels on every rank (default: this micro-batch's own), and are backpropagated × world size, since DDP and
+        FSDP average gradients over ranks: the step's gradient is then that of its mean over all its labels, however
+        they fall on micro-batches and ranks. DDP synchronises gradients only when ``sync`` (the step's last
+        micro-batch). Returns [loss, pass 1 loss, ..., pass K loss] (sequential exact mode: [loss, the exact
+        recurrence's loss]), detached, float64."""
         t = self.train_cfg
         common = dict(input_ids=batch.input_ids, labels=batch.targets, passes=passes, plain_mask=batch.plain_mask,
-                      segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators)
+                      segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators, label_count=label_count)
         if self.sequential:
             # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
             options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0)
@@ -577,8 +584,16 @@ class Trainer:
             loss, pass_losses = out.loss, out.pass_losses
             del out  # hold no pass's outputs through the backward
             if self.per_pass_backward is None:
-                (loss / t.grad_accum).backward()
+                (loss * self.world_size).backward()
         return torch.stack([v.detach().double() for v in (loss, *pass_losses)])
+
+    def _step_label_count(self, batches: list[Batch]) -> torch.Tensor:
+        """The labels (targets not ignored) of a step's micro-batches on every rank, at least 1: what the step's
+        loss is the mean over. One all-reduce of a scalar per step in a distributed run."""
+        count = sum((batch.targets != IGNORE_INDEX).sum() for batch in batches)
+        if self.world_size > 1:
+            dist.all_reduce(count)
+        return count.clamp_min(1)
 
     def _passes_computed(self, passes: int) -> int:
         """Passes over the step's tokens that a K-pass step computes: K, or with the sequential exact mode one
