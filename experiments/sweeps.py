@@ -101,6 +101,13 @@ BASELINE = {"model.sliding_window": "none", "train.schedule": "standard", "train
 # its fusion). The window is an attention option an LSTM refuses, so it is unset.
 LSTM = {"model.arch": "lstm", "model.d_model": "74", "model.sliding_window": "none", "train.schedule": "standard",
         "train.keep_best": "standard"}
+# A DeltaProduct linear RNN (model.arch deltaproduct: Siems et al. 2025, with Grazzi et al. 2025's negative
+# eigenvalues; fullband/deltaproduct.py) through the same trainer, batches and curriculum, one pass, keeping the model
+# of its best validation: the preset's width (64, 4 heads of 16) and 2 layers of DeltaProduct_2 with the MLP trimmed
+# from 128 to 104 to pay for the second Householder step's keys and values: 107,040 parameters, the preset FBT's
+# 107,136. The window is an attention option it refuses, so it is unset.
+DELTA = {"model.arch": "deltaproduct", "model.d_model": "64", "model.d_ff": "104", "model.householder_steps": "2",
+         "model.sliding_window": "none", "train.schedule": "standard", "train.keep_best": "standard"}
 # Grading to 32x the training length needs the exact recurrence token by token (fused:exact, O(T)): fused:auto's
 # Jacobi passes cost O(T^2) token forwards (159 s for 200 rows at 270 tokens on one core, against 1.6 s).
 LENGTHS_32X = (1, 2, 4, 8, 16, 32)
@@ -158,6 +165,13 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("lstm_fresh_s5_seeds", "the LSTM on S5 in three more fresh seeds", ("s5",), (13, 14, 15),
                        LSTM, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard",
                        into="lstm_fresh"),
+    # Issue 37: the linear RNN that has shown S5 beyond its training length, on the same fresh rows and seeds.
+    StateTrackingSweep("delta_fresh", "DeltaProduct_2 linear RNN, ~the FBT's parameters, equal tokens, fresh rows, "
+                       "to 32x", ST_TASKS, (10, 11, 12), DELTA, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes="standard"),
+    StateTrackingSweep("delta_fresh_s5_seeds", "the DeltaProduct model on S5 in three more fresh seeds", ("s5",),
+                       (13, 14, 15), DELTA, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes="standard", into="delta_fresh"),
     # Issue 37 part 3's lever: records of 1..32 moves, the same tokens and steps (16 windows of 64 tokens a step),
     # graded at 1..32x its own training length (32..1024 moves; RoPE needs no parameters for the longer context).
     StateTrackingSweep("len32_fresh", "the preset trained on 1..32 moves, fresh seeds and rows, graded to 32x",

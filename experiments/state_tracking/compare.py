@@ -4,6 +4,7 @@ cost (tokens, token-equivalent compute, training seconds); the paired difference
 other one (the same rows and seeds); and a plot with one panel per task and one line per sweep.
 
     python -m experiments.state_tracking.compare preset_fresh lstm_fresh baseline_fresh --plot compare_fresh.png
+    python -m experiments.state_tracking.compare preset_fresh delta_fresh lstm_fresh --plot compare_delta.png
     python -m experiments.state_tracking.compare preset_fresh len32_fresh --rows val   # choose on validation rows
 """
 
@@ -18,7 +19,7 @@ from experiments.plotting import pyplot, save
 from experiments.state_tracking.table import RESULTS, against_by_task, load, main_mode, rows_of, sort_key
 from experiments.stats import fmt, interval
 
-NAMES = {"fbt": "FBT", "lstm": "LSTM"}
+NAMES = {"fbt": "FBT", "lstm": "LSTM", "deltaproduct": "DeltaProduct"}
 
 
 def label_of(name: str, records: list[dict]) -> str:

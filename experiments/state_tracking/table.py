@@ -30,6 +30,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # sweeps graded to 32x, fused:auto at tolerance 0 (its Jacobi fixed point: the same states) in the earlier ones.
 RECURRENCE = ("fused:auto", "fused:exact")
 MODES = ("standard", *RECURRENCE)
+# How plots name the recurrent baselines of a sweep graded in standard mode (by the arch its records name)
+BASELINE_NAMES = {"lstm": "LSTM", "deltaproduct": "DeltaProduct"}
 
 
 def modes_of(records: list[dict]) -> list[str]:
@@ -167,9 +169,9 @@ def plot(records: list[dict], out: Path, title: str) -> Path | None:
     main = main_mode(records)
     styles = {mode: style for mode, style in ((main, ("C0", "o", "-")), ("standard", ("C1", "x", ":")))
               if mode in modes_of(records)}
-    # A sweep graded in standard mode only trained a baseline: an LSTM (model.arch lstm) or a standard transformer.
-    model = ("FBT" if main in RECURRENCE else "LSTM" if records[0].get("arch") == "lstm"
-             else "standard transformer,")
+    # A sweep graded in standard mode only trained a baseline: an LSTM (model.arch lstm), a DeltaProduct linear RNN
+    # (model.arch deltaproduct) or a standard transformer.
+    model = "FBT" if main in RECURRENCE else BASELINE_NAMES.get(records[0].get("arch"), "standard transformer,")
     for ax, task in zip(axes.flat, tasks):
         runs = [r for r in records if r["task"] == task]
         lengths = sorted({int(m) for r in runs for m in r["lengths"]})

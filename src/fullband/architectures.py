@@ -1,6 +1,6 @@
 """The model kinds of ``model.arch`` (FullBandConfig.arch): which class a config builds and a model directory
-loads. Everything that builds or loads a model by its config goes through here, so an LSTM run's checkpoint
-loads as an LSTM at every door."""
+loads. Everything that builds or loads a model by its config goes through here, so an LSTM or DeltaProduct run's
+checkpoint loads as what it is at every door."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
+from fullband.deltaproduct import DeltaProductLM
 from fullband.errors import FullbandError
 from fullband.model import CONFIG_NAME, FullBandConfig, FullBandLM
 from fullband.recurrent import LSTMLM
 from fullband.storage import dcp_dir_of, read_model_weights
 
-LanguageModel = FullBandLM | LSTMLM
-CLASSES: dict[str, type[FullBandLM] | type[LSTMLM]] = {"fbt": FullBandLM, "lstm": LSTMLM}
+LanguageModel = FullBandLM | LSTMLM | DeltaProductLM
+CLASSES: dict[str, type[LanguageModel]] = {"fbt": FullBandLM, "lstm": LSTMLM, "deltaproduct": DeltaProductLM}
 
 
 def build_model(config: FullBandConfig) -> LanguageModel:

@@ -17,7 +17,7 @@ import yaml
 
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
-from fullband.model import REMOVED_FIELDS, REMOVED_IN, FullBandConfig
+from fullband.model import RECURRENT_ARCHS, REMOVED_FIELDS, REMOVED_IN, FullBandConfig
 from fullband.schedule import EXACT, EXACT_MODES, PASS_LOSSES, PassSchedule
 
 
@@ -135,7 +135,7 @@ class EvalConfig:
     batches: int = _f(8, "validation batches per evaluation")
     batch_size: int = _f(8, "sequences per validation batch")
     fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes (model.arch fbt; "
-                              "an LSTM reports standard only)")
+                              "the recurrent baselines report standard only)")
     sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes; "
                                 "model.arch fbt)")
     at_start: bool = _f(
@@ -217,11 +217,14 @@ class RunConfig:
                               "steps; 0 = no curriculum)")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
             raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
-        lstm = self.model.arch == "lstm"
+        # The recurrent baselines (lstm, deltaproduct) have one pass and no feedback: no Jacobi or exact schedule,
+        # no fused or sequential loss to keep, and no transformer blocks to shard or recompute.
+        arch = self.model.arch
+        recurrent = arch in RECURRENT_ARCHS
         if t.keep_best:
             reported = ["standard", *(f"fused({k})" for k in range(1, self.eval.fused_passes + 1))]
             reported += ["sequential"] if self.eval.sequential else []
-            reported = reported[:1] if lstm else reported  # an LSTM has no fused passes to validate
+            reported = reported[:1] if recurrent else reported  # no fused passes to validate
             if t.keep_best not in reported:
                 raise ConfigError(f"train.keep_best={t.keep_best!r} is not a validation loss this config reports; "
                                   f"choose from {', '.join(reported)} (eval.fused_passes and eval.sequential set them)")
@@ -233,13 +236,13 @@ class RunConfig:
                               f"block: the model has {self.model.n_layers}. Use full, or selective:N with N <= "
                               f"{self.model.n_layers}.")
         schedule = PassSchedule.parse(t.schedule)
-        if lstm and (schedule.exact or schedule.max_passes > 1):
-            raise ConfigError(f"train.schedule={t.schedule!r}: model.arch lstm has no latent feedback to run Jacobi "
+        if recurrent and (schedule.exact or schedule.max_passes > 1):
+            raise ConfigError(f"train.schedule={t.schedule!r}: model.arch {arch} has no latent feedback to run Jacobi "
                               "passes or the exact recurrence over; use train.schedule standard")
-        if lstm and t.parallel == "fsdp":
-            raise ConfigError("train.parallel fsdp shards the transformer's blocks; model.arch lstm trains with ddp")
-        if lstm and t.activation_checkpointing != "none":
-            raise ConfigError("train.activation_checkpointing recomputes the transformer's blocks; model.arch lstm "
+        if recurrent and t.parallel == "fsdp":
+            raise ConfigError(f"train.parallel fsdp shards the transformer's blocks; model.arch {arch} trains with ddp")
+        if recurrent and t.activation_checkpointing != "none":
+            raise ConfigError(f"train.activation_checkpointing recomputes the transformer's blocks; model.arch {arch} "
                               "has none: leave it at none")
         if t.exact_mode == "sequential" and t.schedule == EXACT:
             self._check_sequential()
@@ -479,8 +482,11 @@ MODEL_HELP = {
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
     "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
                    "model; for mid-training a pretrained one)",
-    "arch": "'fbt' (the full-bandwidth transformer) or 'lstm' (a recurrent baseline: torch's nn.LSTM, n_layers of "
-            "width d_model; no attention options, train.schedule standard, standard decoding only)",
+    "arch": "'fbt' (the full-bandwidth transformer), 'lstm' (a recurrent baseline: torch's nn.LSTM, n_layers of "
+            "width d_model) or 'deltaproduct' (a linear RNN baseline: n_layers DeltaProduct blocks of n_heads heads "
+            "and a d_ff MLP); the baselines take no attention options, train.schedule standard, standard decoding "
+            "only",
+    "householder_steps": "model.arch deltaproduct: Householder transitions per token (n_h; 1 = DeltaNet); None = 2",
 }
 
 

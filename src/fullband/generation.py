@@ -26,6 +26,7 @@ import torch
 
 from fullband.architectures import LanguageModel
 from fullband.decoding import DecodeSettings, DecodeSettingsError
+from fullband.deltaproduct import DeltaState
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, ModelOutput, segment_positions
 from fullband.recurrent import RecurrentState
@@ -113,8 +114,7 @@ def decode_settings(
     settings = base.with_overrides(mode=mode, fused_passes=fused_passes, fused_tol=fused_tol,
                                    fused_max_passes=fused_max_passes)
     if settings.mode != "standard" and not model.has_feedback:
-        raise DecodeSettingsError(f"decode mode {settings.label}: an {model.config.arch.upper()} has no latent "
-                                  "feedback; use decode_mode standard")
+        raise DecodeSettingsError(f"decode mode {settings.label}: {model.no_feedback}")
     return settings
 
 
@@ -148,7 +148,7 @@ def _prefill_prompts(
     mask: torch.Tensor,
     new_tokens: int,
     settings: DecodeSettings,
-) -> tuple[ModelOutput, KVCache | RecurrentState, torch.Tensor]:
+) -> tuple[ModelOutput, KVCache | RecurrentState | DeltaState, torch.Tensor]:
     """The prompt phase of decoding, shared by generation and scoring: left-padded prompts prefilled into
     a cache with room for ``new_tokens`` more positions (plain, or plus fused passes in fused mode).
     Returns the prefill output (last position's logits, every position's states), the cache and each

@@ -26,10 +26,15 @@ from torch.utils.checkpoint import checkpoint
 # Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
 from .kv_cache import KVCache
 
-# The model kinds of a config: the full-bandwidth transformer (this file) and a recurrent baseline, torch's LSTM
-# (fullband/recurrent.py), which has no attention and no latent feedback.
-ARCHS = ("fbt", "lstm")
-# Attention options an LSTM has no use for: an LSTM config must leave them unset, so none is silently ignored.
+# The model kinds of a config: the full-bandwidth transformer (this file) and two recurrent baselines, torch's LSTM
+# (fullband/recurrent.py) and a DeltaProduct linear RNN (fullband/deltaproduct.py), which have no attention and no
+# latent feedback.
+ARCHS = ("fbt", "lstm", "deltaproduct")
+RECURRENT_ARCHS = ("lstm", "deltaproduct")
+# Householder steps per token of a DeltaProduct layer when a config names none: DeltaProduct_2 (Siems et al. 2025).
+DEFAULT_HOUSEHOLDER_STEPS = 2
+# Attention options a recurrent baseline has no use for: its config must leave them unset, so none is silently
+# ignored.
 ATTENTION_OPTIONS = {"sliding_window": None, "full_attention_every": 0, "qk_norm": False, "qkv_bias": False,
                      "attn_output_gate": False, "rope_scaling": None, "head_dim": None}
 FUSIONS = ("gate", "concat", "add")
@@ -82,12 +87,19 @@ class FullBandConfig:
     fusion_init: str = "random"
     # "fbt" (FullBandLM) or "lstm" (fullband.recurrent.LSTMLM: embedding, torch's nn.LSTM of n_layers layers of
     # width d_model, RMSNorm and the head; the attention and fusion fields do not apply to it). config.json
-    # records it, so every loader builds the right class (fullband.architectures.load_pretrained).
+    # records it, so every loader builds the right class (fullband.architectures.load_pretrained). "deltaproduct":
+    # fullband.deltaproduct.DeltaProductLM, n_layers blocks of a DeltaProduct mixer (n_heads heads of d_model //
+    # n_heads) and the SwiGLU MLP (d_ff).
     arch: str = "fbt"
+    # deltaproduct only: the Householder transitions per token (n_h; 1 is DeltaNet). None: DEFAULT_HOUSEHOLDER_STEPS
+    # for deltaproduct (resolved here, so config.json records the number), and the only value the other archs take.
+    householder_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
+        if self.arch == "deltaproduct" and self.householder_steps is None:
+            self.householder_steps = DEFAULT_HOUSEHOLDER_STEPS
         self.validate()
 
     def _fail(self, name: str, message: str) -> None:
@@ -99,12 +111,18 @@ class FullBandConfig:
                 self._fail(name, "must be a positive integer")
         if self.arch not in ARCHS:
             self._fail("arch", f"allowed values: {', '.join(ARCHS)}")
-        if self.arch == "lstm":
+        if self.arch != "deltaproduct" and self.householder_steps is not None:
+            self._fail("householder_steps", f"a DeltaProduct option; model.arch {self.arch} has no Householder "
+                                            "transitions: leave it at None")
+        if self.arch in RECURRENT_ARCHS:
             for name, unset in ATTENTION_OPTIONS.items():
                 if getattr(self, name) != unset:
-                    self._fail(name, f"an attention option; model.arch lstm has no attention: leave it at {unset!r}")
+                    self._fail(name, f"an attention option; model.arch {self.arch} has no attention: leave it at "
+                                     f"{unset!r}")
             if self.norm_eps <= 0 or self.init_std <= 0:
                 raise ValueError("FullBandConfig: norm_eps and init_std must be > 0")
+            if self.arch == "deltaproduct":
+                self._validate_deltaproduct()
             return
         if self.head_dim is None and self.d_model % self.n_heads:
             self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (or set head_dim)")
@@ -141,6 +159,17 @@ class FullBandConfig:
             rope_type = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
             if rope_type not in ROPE_TYPES:
                 self._fail("rope_scaling", f"rope_type must be one of {', '.join(ROPE_TYPES)}")
+
+    def _validate_deltaproduct(self) -> None:
+        steps = self.householder_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            self._fail("householder_steps", "must be a positive integer (1 = DeltaNet, 2 = DeltaProduct_2)")
+        if self.d_model % self.n_heads:
+            self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (a DeltaProduct head is "
+                                  "d_model // n_heads wide)")
+        if self.n_kv_heads != self.n_heads:
+            self._fail("n_kv_heads", f"grouped-query attention does not apply to model.arch deltaproduct: leave it "
+                                     f"at None (n_heads={self.n_heads})")
 
     @property
     def resolved_head_dim(self) -> int:

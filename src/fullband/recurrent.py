@@ -4,7 +4,8 @@ Embedding -> ``nn.LSTM`` (n_layers layers of width d_model) -> RMSNorm -> the he
 not). It is trained by the same trainer on the same packed batches (one pass: ``train.schedule standard``) and
 decoded by the same ``generate`` in standard mode, with its recurrent state as the cache, so a decode step
 costs O(1) whatever the context. It has no latent feedback to fuse, so soft and fused decoding, Jacobi passes
-and the exact schedule are refused, not imitated.
+and the exact schedule are refused, not imitated. ``RecurrentLM`` holds what it shares with the other recurrent
+baseline, ``fullband.deltaproduct.DeltaProductLM`` (``model.arch: deltaproduct``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from fullband.model import (
     segment_positions,
 )
 
-NO_FEEDBACK = "an LSTM has no latent feedback; use decode_mode standard"
-
 
 class RecurrentState:
     """The LSTM's cache: the (h, c) state of every layer for each row, (n_layers, B, d_model) each. Unlike a
@@ -40,8 +39,65 @@ class RecurrentState:
         self.c = torch.zeros(shape, device=device, dtype=dtype)
 
 
-class LSTMLM(nn.Module):
+class RecurrentLM(nn.Module):
+    """What the recurrent baselines (LSTMLM, fullband.deltaproduct.DeltaProductLM) share: FullBandLM's storage
+    and its prefill / iterate_passes interface with one pass and no latent feedback. A subclass sets ``kind``
+    (how messages name it), ``embed`` and ``forward``."""
+
     has_feedback = False
+    kind = "a recurrent model"
+    embed: nn.Embedding
+
+    # The same storage as FullBandLM (config.json with the arch, safetensors, decode defaults).
+    save_pretrained = FullBandLM.save_pretrained
+    from_pretrained = classmethod(FullBandLM.from_pretrained.__func__)
+
+    @property
+    def no_feedback(self) -> str:
+        """The refusal of soft and fused decoding, Jacobi passes and fed-back states."""
+        return f"{self.kind} has no latent feedback; use decode_mode standard"
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        fused_passes: int | str = 0,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = False,
+        logits_to_keep: int = 0,
+        fused_tol: float = DEFAULT_FUSED_TOL,
+        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
+    ) -> ModelOutput:
+        """The prompt phase of standard decoding (FullBandLM.prefill's interface): one pass over the prompts.
+        Fused passes are refused: there is no state to fuse."""
+        if fused_passes != 0:
+            raise ValueError(self.no_feedback)
+        out = self(input_ids, attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
+                   logits_to_keep=logits_to_keep)
+        out.passes = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        return out
+
+    def iterate_passes(self, input_ids: torch.Tensor, passes: int, segment_ids: torch.Tensor | None = None,
+                       attention_mask: torch.Tensor | None = None, **recurrence: Any) -> Iterator[ModelOutput]:
+        """The trainer's and validation's pass loop (FullBandLM.iterate_passes' interface) with its one pass.
+        ``recurrence``'s options (plain_mask, prefix_mixin, jitter, detach, grad_passes, ...) shape later passes
+        only, so one pass is the same with any of them."""
+        if passes != 1:
+            raise ValueError(f"{passes} passes asked of {self.kind}: it has no latent feedback to run Jacobi "
+                             "passes over; use train.schedule standard")
+        yield self(input_ids, segment_ids=segment_ids, attention_mask=attention_mask)
+
+
+class LSTMLM(RecurrentLM):
+    kind = "an LSTM"
 
     def __init__(self, config: FullBandConfig):
         super().__init__()
@@ -57,17 +113,6 @@ class LSTMLM(nn.Module):
         for module in (self.embed, self.lm_head):
             if module is not None:
                 nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
-
-    # The same storage as FullBandLM (config.json with the arch, safetensors, decode defaults).
-    save_pretrained = FullBandLM.save_pretrained
-    from_pretrained = classmethod(FullBandLM.from_pretrained.__func__)
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def new_cache(self, batch_size: int, max_len: int) -> RecurrentState:
         """An empty state for ``batch_size`` rows; its size does not depend on ``max_len``."""
@@ -92,7 +137,7 @@ class LSTMLM(nn.Module):
         ``position_ids`` carry nothing for an LSTM (no feedback; the order is the position) and are accepted
         so that the decode loop and the trainer call both archs alike."""
         if feedback is not None:
-            raise ValueError(NO_FEEDBACK)
+            raise ValueError(self.no_feedback)
         if segment_ids is not None and (past_key_values is not None or use_cache):
             raise ValueError("segment_ids (packed, isolated documents) is for training and scoring; it cannot "
                              "be combined with a recurrent-state cache")
@@ -148,34 +193,3 @@ class LSTMLM(nn.Module):
             state.h, state.c = h, c
         back = (torch.arange(T, device=x.device) - (T - lengths).unsqueeze(1)) % T
         return out.gather(1, back.unsqueeze(-1).expand_as(out))
-
-    def prefill(
-        self,
-        input_ids: torch.Tensor,
-        fused_passes: int | str = 0,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        past_key_values: RecurrentState | None = None,
-        use_cache: bool = False,
-        logits_to_keep: int = 0,
-        fused_tol: float = DEFAULT_FUSED_TOL,
-        fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
-    ) -> ModelOutput:
-        """The prompt phase of standard decoding (FullBandLM.prefill's interface): one pass over the prompts.
-        Fused passes are refused: there is no state to fuse."""
-        if fused_passes != 0:
-            raise ValueError(NO_FEEDBACK)
-        out = self(input_ids, attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
-                   logits_to_keep=logits_to_keep)
-        out.passes = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
-        return out
-
-    def iterate_passes(self, input_ids: torch.Tensor, passes: int, segment_ids: torch.Tensor | None = None,
-                       attention_mask: torch.Tensor | None = None, **recurrence: Any) -> Iterator[ModelOutput]:
-        """The trainer's and validation's pass loop (FullBandLM.iterate_passes' interface) with its one pass.
-        ``recurrence``'s options (plain_mask, prefix_mixin, jitter, detach, grad_passes, ...) shape later passes
-        only, so one pass is the same with any of them."""
-        if passes != 1:
-            raise ValueError(f"{passes} passes asked of an LSTM: it has no latent feedback to run Jacobi passes "
-                             "over; use train.schedule standard")
-        yield self(input_ids, segment_ids=segment_ids, attention_mask=attention_mask)

@@ -190,9 +190,10 @@ class Trainer:
         model_cfg = self.cfg.model
         if self.init_from is not None:
             model_dir = resolve_model_dir(self.init_from)
-            if "lstm" in (model_cfg.arch, stored_arch(model_dir)):
-                raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); "
-                                  "an LSTM (model.arch lstm) trains from scratch here: drop --init-from")
+            other = next((arch for arch in (model_cfg.arch, stored_arch(model_dir)) if arch != "fbt"), None)
+            if other is not None:
+                raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); a "
+                                  f"recurrent baseline (model.arch {other}) trains from scratch here: drop --init-from")
             base = FullBandConfig.load(model_dir / "config.json").to_dict()
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
             # Kept fusion weights keep their kind; only the training jitter comes from this run's config.

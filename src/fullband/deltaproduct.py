@@ -1,0 +1,199 @@
+"""A linear-RNN baseline with input-dependent transitions and negative eigenvalues (``model.arch: deltaproduct``).
+
+DeltaProduct (Siems et al. 2025, "DeltaProduct: Improving State-Tracking in Linear RNNs via Householder Products",
+arXiv 2502.10297) with the eigenvalue range [-1, 1] of Grazzi et al. (ICLR 2025, "Unlocking State-Tracking in
+Linear RNNs Through Negative Eigenvalues", arXiv 2411.12537), in plain PyTorch (a loop over time; no kernels).
+
+Embedding -> n_layers blocks -> RMSNorm -> the head (tied to the embedding or not). A block is
+``x + Mixer(RMSNorm(x))`` then ``x + MLP(RMSNorm(x))`` (the FBT's SwiGLU MLP, d_ff hidden). The mixer has n_heads
+heads of width d = d_model // n_heads, each with a state S in R^{d x d}, zero at each document start. For each
+token x_t and each of n_h = ``householder_steps`` sub-steps j (n_h = 1 is DeltaNet):
+
+    k = L2norm(SiLU(W_k^j x_t)),  v = W_v^j x_t,  beta = 2 sigmoid(w_beta^j . x_t) in (0, 2)
+    S <- S (I - beta k k^T) + beta v k^T
+
+so the state transition of a token is a product of n_h generalised Householder matrices I - beta k k^T, whose
+eigenvalue along k is 1 - beta in (-1, 1): a reflection when beta is near 2 (Grazzi et al.'s range; DeltaNet's
+beta in (0, 1) keeps every eigenvalue in [0, 1] and cannot flip a sign, so it cannot count parity). The output is
+``o_t = S q_t`` with q = L2norm(SiLU(W_q x_t)) (the SiLU before the L2 norm on q and k as in DeltaNet and the
+DeltaProduct paper's flash-linear-attention layers), an RMSNorm over each head's output and W_o. Left out of
+those layers: the short convolutions on q, k, v and the output gate.
+
+It is trained by the same trainer on the same packed batches (one pass: ``train.schedule standard``; each packed
+document starts from S = 0) and decoded by the same ``generate`` in standard mode with its states as the cache
+(``DeltaState``: (n_layers, B, n_heads, d, d)), so a decode step costs O(1) whatever the context. Tokens that
+``attention_mask`` marks as padding get beta = 0: they neither decay nor write S. Like the LSTM it has no latent
+feedback, so soft and fused decoding, Jacobi passes and the exact schedule are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fullband.model import MLP, FullBandConfig, ModelOutput, RMSNorm
+from fullband.recurrent import RecurrentLM
+
+
+class DeltaState:
+    """DeltaProductLM's cache: every layer's state S for each row and head, (n_layers, B, n_heads, d, d) with
+    d = d_model // n_heads. Unlike a KV cache it does not grow with the context."""
+
+    def __init__(self, config: FullBandConfig, batch_size: int, device: torch.device, dtype: torch.dtype):
+        d = config.d_model // config.n_heads
+        self.S = torch.zeros(config.n_layers, batch_size, config.n_heads, d, d, device=device, dtype=dtype)
+
+
+def delta_product_scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The recurrence over T tokens. ``q`` (B, T, H, d); ``k``, ``v`` (B, T, n_h, H, d); ``beta`` (B, T, n_h, H);
+    ``state`` (B, H, d, d), zero when None; ``keep`` (B, T) bool: False at a document start, where S restarts
+    from zero before the token. Returns the outputs S_t q_t (B, T, H, d) and the final state."""
+    B, T, H, d = q.shape
+    S = q.new_zeros(B, H, d, d) if state is None else state
+    outputs = []
+    for t in range(T):
+        if keep is not None:
+            S = S * keep[:, t, None, None, None].to(S.dtype)
+        for j in range(k.shape[2]):
+            kj, vj, bj = k[:, t, j], v[:, t, j], beta[:, t, j]
+            # S (I - beta k k^T) + beta v k^T = S - beta (S k - v) k^T: a rank-one update, no d x d matrix built.
+            error = (S @ kj.unsqueeze(-1)).squeeze(-1) - vj
+            S = S - (bj.unsqueeze(-1) * error).unsqueeze(-1) * kj.unsqueeze(-2)
+        outputs.append((S @ q[:, t].unsqueeze(-1)).squeeze(-1))
+    return torch.stack(outputs, dim=1), S
+
+
+class DeltaProductMixer(nn.Module):
+    """The token mixer of one block: n_heads DeltaProduct heads (module docstring) and the output projection."""
+
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        d_model, self.n_heads = config.d_model, config.n_heads
+        self.head_dim, self.steps = d_model // config.n_heads, config.householder_steps
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        # Sub-step j's keys, values and betas are slices j of one projection each: one matmul per token block.
+        self.k_proj = nn.Linear(d_model, self.steps * d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, self.steps * d_model, bias=False)
+        self.b_proj = nn.Linear(d_model, self.steps * self.n_heads, bias=False)
+        self.o_norm = RMSNorm(self.head_dim, config.norm_eps)  # one gain shared by the heads, as in DeltaNet
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def project(
+        self, x: torch.Tensor, write: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, T, H, d), k and v (B, T, n_h, H, d), beta (B, T, n_h, H) of the normed input ``x`` (B, T, D);
+        beta = 0 where ``write`` (B, T) is False (padding: S is left exactly as it was)."""
+        B, T, _ = x.shape
+        H, d, n = self.n_heads, self.head_dim, self.steps
+        q = F.normalize(F.silu(self.q_proj(x)).view(B, T, H, d), dim=-1)
+        k = F.normalize(F.silu(self.k_proj(x)).view(B, T, n, H, d), dim=-1)
+        v = self.v_proj(x).view(B, T, n, H, d)
+        # 2 sigmoid: beta in (0, 2), the transition's eigenvalue 1 - beta in (-1, 1) (Grazzi et al.)
+        beta = 2 * torch.sigmoid(self.b_proj(x)).view(B, T, n, H)
+        if write is not None:
+            beta = beta * write[:, :, None, None].to(beta.dtype)
+        return q, k, v, beta
+
+    def forward(
+        self, x: torch.Tensor, write: torch.Tensor | None, keep: torch.Tensor | None, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        B, T, D = x.shape
+        q, k, v, beta = self.project(x, write)
+        out, S = delta_product_scan(q, k, v, beta, state, keep)
+        return self.o_proj(self.o_norm(out).reshape(B, T, D)), S
+
+
+class DeltaProductBlock(nn.Module):
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mixer = DeltaProductMixer(config)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, write: torch.Tensor | None, keep: torch.Tensor | None, state: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        mixed, S = self.mixer(self.mixer_norm(x), write, keep, state)
+        x = x + mixed
+        return x + self.mlp(self.mlp_norm(x)), S
+
+
+class DeltaProductLM(RecurrentLM):
+    kind = "a DeltaProduct model"
+
+    def __init__(self, config: FullBandConfig):
+        super().__init__()
+        if config.arch != "deltaproduct":
+            raise ValueError(f"FullBandConfig.arch={config.arch!r}: DeltaProductLM is the arch 'deltaproduct' model")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(DeltaProductBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.decode_defaults: dict[str, Any] = {}  # as FullBandLM's: standard, the only mode it has
+        # Every matrix normal(0, init_std) as in FullBandLM: W_beta x then starts near 0, beta near 1 (eigenvalue
+        # near 0), so the model starts from neither decay nor reflection.
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
+
+    def new_cache(self, batch_size: int, max_len: int) -> DeltaState:
+        """Zero states for ``batch_size`` rows; their size does not depend on ``max_len``."""
+        return DeltaState(self.config, batch_size, self.device, self.embed.weight.dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        feedback: torch.Tensor | None = None,
+        plain_mask: torch.Tensor | None = None,
+        past_key_values: DeltaState | None = None,
+        use_cache: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+        segment_ids: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        """FullBandLM.forward's interface, for the decode loop and the trainer. ``past_key_values``: the states the
+        sequence continues from, replaced by the final ones (``use_cache``). ``attention_mask`` (B, T), or (B, cache
+        length + T) of which the last T columns are read: its False tokens (left padding) leave the states
+        unchanged. ``segment_ids`` (B, T): packed documents, each run from zero states as if alone. ``plain_mask``
+        and ``position_ids`` carry nothing here (no feedback; the order is the position) and are accepted so that
+        the decode loop and the trainer call every arch alike."""
+        if feedback is not None:
+            raise ValueError(self.no_feedback)
+        if segment_ids is not None and (past_key_values is not None or use_cache):
+            raise ValueError("segment_ids (packed, isolated documents) is for training and scoring; it cannot "
+                             "be combined with a recurrent-state cache")
+        B, T = input_ids.shape
+        state = past_key_values
+        if use_cache and state is None:
+            state = self.new_cache(B, T)
+        write = None
+        if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
+            write = attention_mask[:, -T:].bool()
+        keep = None
+        if segment_ids is not None:
+            keep = torch.ones_like(segment_ids, dtype=torch.bool)
+            keep[:, 1:] = segment_ids[:, 1:] == segment_ids[:, :-1]
+        x = self.embed(input_ids)
+        finals = []
+        for i, layer in enumerate(self.layers):
+            x, S = layer(x, write, keep, None if state is None else state.S[i])
+            finals.append(S)
+        if state is not None:
+            state.S = torch.stack(finals)
+        normed = self.norm(x)
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
+        return ModelOutput(logits=logits, hidden=normed, past_key_values=state if use_cache else None)
