@@ -150,9 +150,10 @@ def test_unknown_jobs_and_sweeps_are_refused_with_what_exists(capsys):
         runner.parse_arm("fbt_ramp")  # an arm of an option removed after 38f4146
 
 
-def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys):
-    assert runner.main(["preset_fresh", "--only", "s5:10", "--runs-dir", str(tmp_path), "--dry-run"]) == [("s5", 10)]
+def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(SWEEPS, "tiny", SWEEP)  # a sweep no results file holds, so its job is not skipped
+    assert runner.main(["tiny", "--only", "parity:0", "--runs-dir", str(tmp_path), "--dry-run"]) == [("parity", 0)]
     train, bench = capsys.readouterr().out.splitlines()
-    assert " -m fullband train --config state-tracking " in train and "--train.seed 10" in train
-    assert " -m fullband bench " in bench and "test128.jsonl" in bench and "--fused-tol 0" in bench
+    assert " -m fullband train --config state-tracking " in train and "--train.seed 0" in train
+    assert " -m fullband bench " in bench and "test8.jsonl" in bench and "--modes standard,fused:exact" in bench
     assert not any(tmp_path.iterdir())
