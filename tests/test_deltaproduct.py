@@ -6,17 +6,16 @@ the arch, the trainer's one-pass runs through the sweep's overrides, and what it
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_recurrent import check_doors
 from test_train import steps_of
 
 from experiments.sweeps import DELTA
 from fullband.architectures import build_model, load_pretrained
-from fullband.cli import main
 from fullband.config import build_config, load_config
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import export_jsonl, state_tracking_task
@@ -280,24 +279,5 @@ def test_trainer_runs_the_sweep_overrides_and_every_door_takes_or_refuses_it(tmp
     with pytest.raises(FullbandError, match="model.arch deltaproduct.*drop --init-from"):
         train(cfg, tmp_path / "again", data_dir=tmp_path / "data", init_from=tmp_path / "run")
 
-    best = str(tmp_path / "run" / "best")
-    rows = tmp_path / "rows.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": f"parity {bits} =", "answer": "0"}) + "\n"
-                            for bits in ("0110", "1010", "0")))
-    assert main(["bench", best, "--task", f"jsonl:{rows}", "--modes", "standard", "--out", str(tmp_path / "bench"),
-                 "--no-progress", "--no-plots", "--device", "cpu"]) == 0
-    graded = json.loads((tmp_path / "bench" / "results.json").read_text())["results"][f"jsonl:{rows}"]
-    assert list(graded) == ["standard"]
-    refusals = {("bench", best, "--task", f"jsonl:{rows}", "--modes", "soft", "--out", str(tmp_path / "b2")):
-                "a DeltaProduct model has no latent feedback; use decode_mode standard",
-                ("generate", best, "--prompt", "parity 01 =", "--decode-mode", "fused"): "has no latent feedback",
-                ("export-hf", best, "--out", str(tmp_path / "hf")): "export-hf exports model.arch fbt only",
-                ("jacobi", best, "--out", str(tmp_path / "j")): "fullband jacobi supports model.arch fbt only",
-                ("probe", best, "--task", "synthetic:parity", "--out", str(tmp_path / "p")):
-                "fullband probe supports model.arch fbt only"}
-    if importlib.util.find_spec("uvicorn") and importlib.util.find_spec("fastapi"):
-        refusals[("serve", best, "--device", "cpu")] = "fullband serve supports model.arch fbt only"
-    capsys.readouterr()
-    for argv, message in refusals.items():
-        assert main(list(argv)) != 0
-        assert message in capsys.readouterr().err
+    check_doors(tmp_path / "run" / "best", tmp_path, capsys,
+                "a DeltaProduct model has no latent feedback; use decode_mode standard")

@@ -4,7 +4,9 @@ the decode modes and schedules it refuses."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,21 +126,28 @@ def test_trainer_runs_the_lstm_on_packed_records_and_every_door_takes_or_refuses
     with pytest.raises(FullbandError, match="--init-from.*drop --init-from"):
         train(cfg, tmp_path / "again", data_dir=tmp_path / "data", init_from=tmp_path / "run")
 
-    best = str(tmp_path / "run" / "best")
+    check_doors(tmp_path / "run" / "best", tmp_path, capsys, "an LSTM has no latent feedback; use decode_mode standard")
+
+
+def check_doors(best: Path, tmp_path: Path, capsys, no_feedback: str) -> None:
+    """A recurrent baseline's kept model: `fullband bench` grades it in standard mode; soft or fused decoding is
+    refused with ``no_feedback``, and export-hf, jacobi, probe and serve refuse its arch by name."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"prompt": f"parity {bits} =", "answer": "0"}) + "\n"
                             for bits in ("0110", "1010", "0")))
-    assert main(["bench", best, "--task", f"jsonl:{rows}", "--modes", "standard", "--out", str(tmp_path / "bench"),
-                 "--no-progress", "--no-plots", "--device", "cpu"]) == 0
+    assert main(["bench", str(best), "--task", f"jsonl:{rows}", "--modes", "standard", "--out",
+                 str(tmp_path / "bench"), "--no-progress", "--no-plots", "--device", "cpu"]) == 0
     graded = json.loads((tmp_path / "bench" / "results.json").read_text())["results"][f"jsonl:{rows}"]
     assert list(graded) == ["standard"]
-    refusals = {("bench", best, "--task", f"jsonl:{rows}", "--modes", "soft", "--out", str(tmp_path / "b2")):
-                "an LSTM has no latent feedback; use decode_mode standard",
-                ("generate", best, "--prompt", "parity 01 =", "--decode-mode", "fused"): "an LSTM has no latent",
-                ("export-hf", best, "--out", str(tmp_path / "hf")): "export-hf exports model.arch fbt only",
-                ("jacobi", best, "--out", str(tmp_path / "j")): "fullband jacobi supports model.arch fbt only",
-                ("probe", best, "--task", "synthetic:parity", "--out", str(tmp_path / "p")):
+    refusals = {("bench", str(best), "--task", f"jsonl:{rows}", "--modes", "soft", "--out", str(tmp_path / "b2")):
+                no_feedback,
+                ("generate", str(best), "--prompt", "parity 01 =", "--decode-mode", "fused"): no_feedback,
+                ("export-hf", str(best), "--out", str(tmp_path / "hf")): "export-hf exports model.arch fbt only",
+                ("jacobi", str(best), "--out", str(tmp_path / "j")): "fullband jacobi supports model.arch fbt only",
+                ("probe", str(best), "--task", "synthetic:parity", "--out", str(tmp_path / "p")):
                 "fullband probe supports model.arch fbt only"}
+    if importlib.util.find_spec("uvicorn") and importlib.util.find_spec("fastapi"):
+        refusals[("serve", str(best), "--device", "cpu")] = "fullband serve supports model.arch fbt only"
     capsys.readouterr()
     for argv, message in refusals.items():
         assert main(list(argv)) != 0
