@@ -81,7 +81,7 @@ def plot(sweeps: dict[str, list[dict]], out: Path, title: str) -> Path | None:
             ax.errorbar(lengths, [statistics.mean(a) for a in accs],
                         yerr=[interval(a)[1] if len(a) > 1 else 0.0 for a in accs], color=f"C{i}",
                         marker="osD^v"[i % 5], ls=("-", "--", ":", "-.")[i % 4], markersize=7 - i, capsize=3,
-                        label=f"{label_of(name, records)}, {len(runs)} seeds")
+                        label=label_of(name, records))
         ax.axhline(0.95, color="grey", lw=0.6, ls="--")
         ax.set_xscale("log", base=2)
         ticks = sorted({m for records in sweeps.values() for m in lengths_of(records)})
@@ -93,7 +93,12 @@ def plot(sweeps: dict[str, list[dict]], out: Path, title: str) -> Path | None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=6, loc="lower left")
+    # one legend for every sweep: a panel shows only the sweeps that ran its task
+    legend = {}
+    for ax in axes.flat:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    axes.flat[0].legend(legend.values(), legend.keys(), fontsize=6, loc="lower left")
     fig.suptitle(title, fontsize=10)
     return save(fig, out, dpi=120)
 
