@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import FEATURES, make_model, shift
 
-from fullband.generation import generate, sequential_forward
+from fullband.generation import generate, left_pad, sequential_forward
 from fullband.model import FullBandLM
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -108,12 +108,7 @@ def test_batched_ragged_equals_one_by_one_with_different_stopping_passes(feature
     for i, single in enumerate(singles):
         assert torch.equal(batched[i], single), (i, batched[i], single)
     # The logits a row ends its prefill with are those of fused(k*) alone, to float64 precision.
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for j, p in enumerate(prompts):
-        ids[j, width - len(p):] = torch.tensor(p)
-        mask[j, width - len(p):] = True
+    ids, mask = left_pad(prompts)
     batched_out = model.prefill(ids, "auto", attention_mask=mask, fused_tol=tol, fused_max_passes=6)
     assert batched_out.passes.tolist() == single_passes
     for i, k in enumerate(single_passes):

@@ -9,21 +9,11 @@ import torch
 from conftest import FEATURES, make_model
 
 from fullband.decoding import DecodeSettings, DecodeSettingsError
-from fullband.generation import generate, score_continuations, sequential_forward
+from fullband.generation import generate, left_pad, score_continuations, sequential_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 PROMPTS = [[5, 17, 33, 2, 40, 9, 1, 22], [9, 1, 22, 61, 3, 3, 50, 12, 7, 8, 30], [44], [30, 31, 32]]
-
-
-def left_padded(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.bool)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = True
-    return ids, mask
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
@@ -48,7 +38,7 @@ def test_exact_prefill_is_the_sequential_recurrence_and_the_jacobi_fixed_point(f
 @pytest.mark.parametrize("feature", ["mha_bias", "gate_window"])
 def test_left_padded_batch_equals_one_by_one(feature):
     model = make_model(dtype=torch.float64, **FEATURES[feature])
-    ids, mask = left_padded(PROMPTS)
+    ids, mask = left_pad(PROMPTS)
     batched = model.prefill(ids, "exact", attention_mask=mask, logits_to_keep=1)
     assert batched.passes.tolist() == [len(p) - 1 for p in PROMPTS]
     for row, prompt in enumerate(PROMPTS):

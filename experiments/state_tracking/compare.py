@@ -23,9 +23,10 @@ NAMES = {"fbt": "FBT", "lstm": "LSTM", "deltaproduct": "DeltaProduct"}
 
 
 def label_of(name: str, records: list[dict]) -> str:
-    arch = records[0].get("arch", "fbt")
-    model = NAMES.get(arch, arch) if main_mode(records) != "standard" or arch != "fbt" else "transformer"
-    return f"{model} ({name}, {main_mode(records)})"
+    """"FBT", "LSTM", ... and the sweep and mode; an FBT graded in its plain pass only is the transformer baseline."""
+    arch, mode = records[0].get("arch", "fbt"), main_mode(records)
+    model = "transformer" if arch == "fbt" and mode == "standard" else NAMES.get(arch, arch)
+    return f"{model} ({name}, {mode})"
 
 
 def lengths_of(records: list[dict]) -> list[int]:
