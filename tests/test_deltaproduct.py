@@ -20,7 +20,7 @@ from fullband.config import build_config, load_config
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import export_jsonl, state_tracking_task
 from fullband.decoding import DecodeSettingsError
-from fullband.deltaproduct import DeltaProductLM, DeltaProductMixer
+from fullband.deltaproduct import DeltaProductLM, DeltaProductMixer, delta_product_scan
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, score_continuations
 from fullband.loading import PRESET_DIR, load_model
@@ -90,6 +90,49 @@ def test_packed_documents_equal_each_document_alone():
         torch.testing.assert_close(packed[row], alone, rtol=0, atol=1e-12)
     # a state leaking across a document start would change the second document's logits
     assert not torch.allclose(packed[0, 5:11], model(ids[:1, :11]).logits[0, 5:11])
+
+
+def sequential_scan(q, k, v, beta, state, keep):
+    """The recurrence one sub-step at a time, as the papers write it: S <- S - beta (S k - v) k^T."""
+    B, T, H, d = q.shape
+    S, outputs = state.clone(), []
+    for t in range(T):
+        S = S * keep[:, t, None, None, None].to(S.dtype)
+        for j in range(k.shape[2]):
+            kj, vj, bj = k[:, t, j], v[:, t, j], beta[:, t, j]
+            error = (S @ kj.unsqueeze(-1)).squeeze(-1) - vj
+            S = S - (bj.unsqueeze(-1) * error).unsqueeze(-1) * kj.unsqueeze(-2)
+        outputs.append((S @ q[:, t].unsqueeze(-1)).squeeze(-1))
+    return torch.stack(outputs, dim=1), S
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 13, 32])
+def test_the_chunkwise_scan_equals_the_recurrence_step_by_step_with_its_gradients(chunk):
+    """Chunk boundaries inside and between documents, a document starting a chunk, padding (beta = 0), a carried
+    initial state and reflections (beta near 2): outputs, final state and the gradients of all inputs."""
+    torch.manual_seed(6)
+    B, T, n, H, d = 3, 13, 2, 2, 4
+    q = F.normalize(torch.randn(B, T, H, d, dtype=torch.float64), dim=-1).requires_grad_()
+    k = F.normalize(torch.randn(B, T, n, H, d, dtype=torch.float64), dim=-1).requires_grad_()
+    v = torch.randn(B, T, n, H, d, dtype=torch.float64, requires_grad=True)
+    beta = (2 * torch.rand(B, T, n, H, dtype=torch.float64)).requires_grad_()
+    with torch.no_grad():
+        beta[0, :3] = 0.0  # left padding
+        beta[1, 4, 0] = 1.999  # a reflection
+    state = torch.randn(B, H, d, d, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[0, [5, 6, 10]] = False  # one-token document, a document starting at chunk 5's boundary
+    keep[2, 2] = False
+    got = delta_product_scan(q, k, v, beta, state, keep, chunk=chunk)
+    expected = sequential_scan(q, k, v, beta, state, keep)
+    weights = [torch.randn_like(t) for t in expected]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    inputs = (q, k, v, beta, state)
+    grads = torch.autograd.grad(sum((w * t).sum() for w, t in zip(weights, got)), inputs)
+    reference = torch.autograd.grad(sum((w * t).sum() for w, t in zip(weights, expected)), inputs)
+    for a, b in zip(grads, reference):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
 def product(matrices: list[torch.Tensor], d: int) -> torch.Tensor:

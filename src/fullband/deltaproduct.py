@@ -2,7 +2,8 @@
 
 DeltaProduct (Siems et al. 2025, "DeltaProduct: Improving State-Tracking in Linear RNNs via Householder Products",
 arXiv 2502.10297) with the eigenvalue range [-1, 1] of Grazzi et al. (ICLR 2025, "Unlocking State-Tracking in
-Linear RNNs Through Negative Eigenvalues", arXiv 2411.12537), in plain PyTorch (a loop over time; no kernels).
+Linear RNNs Through Negative Eigenvalues", arXiv 2411.12537), in plain PyTorch
+(chunkwise triangular solves; no kernels).
 
 Embedding -> n_layers blocks -> RMSNorm -> the head (tied to the embedding or not). A block is
 ``x + Mixer(RMSNorm(x))`` then ``x + MLP(RMSNorm(x))`` (the FBT's SwiGLU MLP, d_ff hidden). The mixer has n_heads
@@ -47,6 +48,12 @@ class DeltaState:
         self.S = torch.zeros(config.n_layers, batch_size, config.n_heads, d, d, device=device, dtype=dtype)
 
 
+# Tokens per chunk of the chunkwise form: within a chunk the recurrence is one triangular solve over its
+# chunk x householder_steps sub-steps, between chunks the state is carried. 32 covers the state-tracking preset's
+# training windows in one chunk; the (sub-steps)^2 matrices stay small for long prompts.
+CHUNK_TOKENS = 32
+
+
 def delta_product_scan(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -54,23 +61,52 @@ def delta_product_scan(
     beta: torch.Tensor,
     state: torch.Tensor | None = None,
     keep: torch.Tensor | None = None,
+    chunk: int = CHUNK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over T tokens. ``q`` (B, T, H, d); ``k``, ``v`` (B, T, n_h, H, d); ``beta`` (B, T, n_h, H);
     ``state`` (B, H, d, d), zero when None; ``keep`` (B, T) bool: False at a document start, where S restarts
-    from zero before the token. Returns the outputs S_t q_t (B, T, H, d) and the final state."""
+    from zero before the token. Returns the outputs S_t q_t (B, T, H, d) and the final state.
+
+    Chunkwise, as DeltaNet's WY form (Yang et al. 2024, "Parallelizing Linear Transformers with the Delta Rule
+    over Sequence Length"): the n_h sub-steps of each token are a DeltaNet over n_h x T steps m, and every update
+    S <- S - beta (S k - v) k^T adds one rank-one term, so S_m = S_0 + sum_{i <= m} u_i k_i^T with
+    u_m = beta_m (v_m - S_0 k_m - sum_{i < m} u_i k_i^T k_m): a unit lower-triangular system for the u of a chunk.
+    Documents restart S: a term only reaches steps of its own document, S_0 only those of the document it
+    carries. The outputs are the token's last sub-step's S_m q_t."""
     B, T, H, d = q.shape
+    n = k.shape[2]
     S = q.new_zeros(B, H, d, d) if state is None else state
+    # document index of every token: 0 for the document the initial state belongs to
+    doc = torch.zeros(B, T, dtype=torch.long, device=q.device) if keep is None else (~keep).long().cumsum(dim=1)
+    carried = torch.zeros(B, 1, dtype=torch.long, device=q.device)  # the document S belongs to
     outputs = []
-    for t in range(T):
-        if keep is not None:
-            S = S * keep[:, t, None, None, None].to(S.dtype)
-        for j in range(k.shape[2]):
-            kj, vj, bj = k[:, t, j], v[:, t, j], beta[:, t, j]
-            # S (I - beta k k^T) + beta v k^T = S - beta (S k - v) k^T: a rank-one update, no d x d matrix built.
-            error = (S @ kj.unsqueeze(-1)).squeeze(-1) - vj
-            S = S - (bj.unsqueeze(-1) * error).unsqueeze(-1) * kj.unsqueeze(-2)
-        outputs.append((S @ q[:, t].unsqueeze(-1)).squeeze(-1))
-    return torch.stack(outputs, dim=1), S
+    for start in range(0, T, chunk):
+        stop = min(start + chunk, T)
+        L = (stop - start) * n
+        # sub-steps in order (token, step): (B, H, L, d) and (B, H, L)
+        kc = k[:, start:stop].reshape(B, L, H, d).transpose(1, 2)
+        vc = v[:, start:stop].reshape(B, L, H, d).transpose(1, 2)
+        bc = beta[:, start:stop].reshape(B, L, H).transpose(1, 2).unsqueeze(-1)
+        qc = q[:, start:stop].transpose(1, 2)
+        step_doc = doc[:, start:stop].repeat_interleave(n, dim=1)  # (B, L)
+        from_state = (step_doc == carried).to(q.dtype)[:, None, :, None]  # (B, 1, L, 1): S_0 reaches the step
+        same = step_doc[:, :, None] == step_doc[:, None, :]  # (B, L, L)
+        earlier = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
+        A = (kc @ kc.transpose(-1, -2)) * (same & earlier)[:, None].to(q.dtype)
+        rhs = bc * (vc - from_state * (kc @ S.transpose(-1, -2)))
+        u = torch.linalg.solve_triangular(torch.eye(L, dtype=q.dtype, device=q.device) + bc * A, rhs, upper=False,
+                                          unitriangular=True)
+        # token t reads after its last sub-step, t * n + n - 1: every sub-step up to it, in its document
+        last = torch.arange(n - 1, L, n, device=q.device)
+        reach = (torch.arange(L, device=q.device)[None, :] <= last[:, None]) & same[:, last]  # (B, Tc, L)
+        outputs.append(from_state[:, :, last] * (qc @ S.transpose(-1, -2))
+                       + ((qc @ kc.transpose(-1, -2)) * reach[:, None].to(q.dtype)) @ u)
+        # the state after the chunk: the last document's terms, and S_0 if that document is the one it carried
+        final_doc = step_doc[:, -1:]
+        in_final = (step_doc == final_doc).to(q.dtype)[:, None, :, None]
+        S = from_state[:, :, -1:] * S + (u * in_final).transpose(-1, -2) @ kc
+        carried = final_doc
+    return torch.cat(outputs, dim=2).transpose(1, 2), S
 
 
 class DeltaProductMixer(nn.Module):
