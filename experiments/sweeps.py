@@ -180,7 +180,7 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("delta_fresh_s5_seeds", "the DeltaProduct model on S5 in three more fresh seeds", ("s5",),
                        (13, 14, 15), DELTA, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
                        modes="standard", into="delta_fresh"),
-    # The same question for DeltaProduct (its paper trains at 1e-3 or below), on S5, validation rows.
+    # The same question for DeltaProduct at a third of the preset's rate, on S5, validation rows.
     StateTrackingSweep("delta_lr1e-3_s5", "DeltaProduct_2 on S5 at LR 1e-3 (validation rows choose its rate)",
                        ("s5",), (10, 11, 12), {**DELTA, "train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes="standard"),
