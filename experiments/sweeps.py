@@ -165,13 +165,16 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("lstm_fresh_s5_seeds", "the LSTM on S5 in three more fresh seeds", ("s5",), (13, 14, 15),
                        LSTM, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard",
                        into="lstm_fresh"),
-    # The LSTM's learning rate was the FBT preset's (3e-3): the same LSTM at a third and at three times it, on S5,
-    # chosen on the validation rows (only lstm_fresh's rate is reported on test rows).
+    # The LSTM's learning rate is the FBT preset's (3e-3): the same LSTM at 1e-3, 1e-2 and 3e-2 on S5, compared on
+    # the validation rows (3e-3 was best, so lstm_fresh is the LSTM reported on test rows).
     StateTrackingSweep("lstm_lr1e-3_s5", "the LSTM on S5 at LR 1e-3 (validation rows choose the LSTM's rate)", ("s5",),
                        (10, 11, 12), {**LSTM, "train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes="standard"),
     StateTrackingSweep("lstm_lr1e-2_s5", "the LSTM on S5 at LR 1e-2 (validation rows choose the LSTM's rate)", ("s5",),
                        (10, 11, 12), {**LSTM, "train.lr": "0.01"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes="standard"),
+    StateTrackingSweep("lstm_lr3e-2_s5", "the LSTM on S5 at LR 3e-2 (validation rows choose the LSTM's rate)", ("s5",),
+                       (10, 11, 12), {**LSTM, "train.lr": "0.03"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes="standard"),
     # Issue 37: the linear RNN that has shown S5 beyond its training length, on the same fresh rows and seeds.
     StateTrackingSweep("delta_fresh", "DeltaProduct_2 linear RNN, ~the FBT's parameters, equal tokens, fresh rows, "
@@ -180,9 +183,6 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("delta_fresh_s5_seeds", "the DeltaProduct model on S5 in three more fresh seeds", ("s5",),
                        (13, 14, 15), DELTA, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
                        modes="standard", into="delta_fresh"),
-    StateTrackingSweep("lstm_lr3e-2_s5", "the LSTM on S5 at LR 3e-2 (validation rows choose the LSTM's rate)", ("s5",),
-                       (10, 11, 12), {**LSTM, "train.lr": "0.03"}, test_seed=50_000, val_seed=30_000,
-                       lengths=LENGTHS_32X, modes="standard"),
     # The same question for DeltaProduct at a third of the preset's rate and three times it, on S5, validation rows.
     StateTrackingSweep("delta_lr1e-3_s5", "DeltaProduct_2 on S5 at LR 1e-3 (validation rows choose its rate)",
                        ("s5",), (10, 11, 12), {**DELTA, "train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
