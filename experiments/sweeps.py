@@ -160,6 +160,12 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("baseline_fresh_s5_seeds", "the transformer on S5 in three more fresh seeds", ("s5",),
                        (13, 14, 15), BASELINE, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
                        modes="standard", into="baseline_fresh"),
+    StateTrackingSweep("window_fresh", "standard transformer with the FBT's 4-token window, equal tokens, fresh rows, "
+                       "to 32x", ST_TASKS, (10, 11, 12), {**BASELINE, "model.sliding_window": "4"}, test_seed=50_000,
+                       val_seed=30_000, lengths=LENGTHS_32X, modes="standard"),
+    StateTrackingSweep("window_fresh_s5_seeds", "the windowed transformer on S5 in three more fresh seeds", ("s5",),
+                       (13, 14, 15), {**BASELINE, "model.sliding_window": "4"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes="standard", into="window_fresh"),
     StateTrackingSweep("lstm_fresh", "torch's LSTM, equal tokens, fresh rows, to 32x", ST_TASKS, (10, 11, 12), LSTM,
                        test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard"),
     StateTrackingSweep("lstm_fresh_s5_seeds", "the LSTM on S5 in three more fresh seeds", ("s5",), (13, 14, 15),
