@@ -135,6 +135,22 @@ def test_the_chunkwise_scan_equals_the_recurrence_step_by_step_with_its_gradient
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
+def test_bfloat16_scans_within_bfloat16_rounding_of_float64():
+    """torch has no bfloat16 triangular solve: the chunkwise form solves in float32 and returns bfloat16 (2 chunks
+    here), as close to the float64 recurrence as bfloat16 inputs allow."""
+    torch.manual_seed(7)
+    B, T, n, H, d = 2, 40, 2, 2, 8
+    q = F.normalize(torch.randn(B, T, H, d, dtype=torch.float64), dim=-1)
+    k = F.normalize(torch.randn(B, T, n, H, d, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, n, H, d, dtype=torch.float64)
+    beta = 2 * torch.rand(B, T, n, H, dtype=torch.float64)
+    expected, _ = sequential_scan(q, k, v, beta, q.new_zeros(B, H, d, d), torch.ones(B, T, dtype=torch.bool))
+    half = [t.to(torch.bfloat16) for t in (q, k, v, beta)]
+    got, state = delta_product_scan(*half)
+    assert got.dtype == state.dtype == torch.bfloat16
+    assert float((got.double() - expected).abs().mean() / expected.abs().mean()) < 0.02
+
+
 def product(matrices: list[torch.Tensor], d: int) -> torch.Tensor:
     """M_1 M_2 ... M_n, the identity when there are none."""
     return functools.reduce(torch.matmul, matrices, torch.eye(d, dtype=torch.float64))

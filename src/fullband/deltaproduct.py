@@ -94,8 +94,11 @@ def delta_product_scan(
         earlier = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
         A = (kc @ kc.transpose(-1, -2)) * (same & earlier)[:, None].to(q.dtype)
         rhs = bc * (vc - from_state * (kc @ S.transpose(-1, -2)))
-        u = torch.linalg.solve_triangular(torch.eye(L, dtype=q.dtype, device=q.device) + bc * A, rhs, upper=False,
-                                          unitriangular=True)
+        system = torch.eye(L, dtype=A.dtype, device=q.device) + bc * A
+        # torch has no half-precision triangular solve: bfloat16 / float16 runs solve in float32
+        solve_dtype = torch.float32 if system.dtype in (torch.bfloat16, torch.float16) else system.dtype
+        u = torch.linalg.solve_triangular(system.to(solve_dtype), rhs.to(solve_dtype), upper=False,
+                                          unitriangular=True).to(rhs.dtype)
         # token t reads after its last sub-step, t * n + n - 1: every sub-step up to it, in its document
         last = torch.arange(n - 1, L, n, device=q.device)
         reach = (torch.arange(L, device=q.device)[None, :] <= last[:, None]) & same[:, last]  # (B, Tc, L)
