@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", type=int, default=None, help="prompts graded at once (default 200, a sweep's rows)")
     p.add_argument("--grade-tokens", type=int, default=None,
                    help="tokens per graded prompt (default 530: an S5 prompt of 512 moves)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/state_tracking_models.json"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="default benchmarks/results/state_tracking_models.json (--quick: ..._quick.json)")
     args = p.parse_args(argv)
+    args.out = args.out or Path(f"benchmarks/results/state_tracking_models{'_quick' if args.quick else ''}.json")
     device, dtype, sync = setup_device(args, p)
     steps = args.steps or (2 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 5)
