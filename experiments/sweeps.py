@@ -197,7 +197,7 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                        ("s5",), (10, 11, 12), {**DELTA, "train.lr": "0.01"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes="standard"),
     # Four Householder steps per token: a permutation of 5 items is a product of at most 4 transpositions, each a
-    # reflection (beta = 2), so one layer of DeltaProduct_4 can carry S5 exactly (Siems et al. 2025). The MLP is
+    # reflection (beta = 2), so one layer of DeltaProduct_4 can represent every S5 move exactly. The MLP is
     # trimmed to 16 to pay for the two more steps' keys and values: 107,040 parameters, as DELTA.
     StateTrackingSweep("delta4_s5", "DeltaProduct_4 (4 Householder steps a token, MLP 16) on S5",
                        ("s5",), (10, 11, 12), {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"},
