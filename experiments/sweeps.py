@@ -202,6 +202,9 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("delta4_s5", "DeltaProduct_4 (4 Householder steps a token, MLP 16) on S5",
                        ("s5",), (10, 11, 12), {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"},
                        test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes="standard"),
+    StateTrackingSweep("delta4_s5_seeds", "DeltaProduct_4 on S5 in three more seeds", ("s5",), (13, 14, 15),
+                       {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"}, test_seed=50_000,
+                       val_seed=30_000, lengths=LENGTHS_32X, modes="standard", into="delta4_s5"),
     # Issue 37 part 3's lever: records of 1..32 moves, the same tokens and steps (16 windows of 64 tokens a step),
     # graded at 1..32x its own training length (32..1024 moves; RoPE needs no parameters for the longer context).
     StateTrackingSweep("len32_fresh", "the preset trained on 1..32 moves, fresh seeds and rows, graded to 32x",
