@@ -4,6 +4,7 @@ description written next to every result."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
@@ -62,3 +63,11 @@ def print_header(title: str, argv: list[str] | None, machine: dict, args: argpar
         f"{args.threads} threads, device {args.device}, dtype {args.dtype}\n"
     )
     return command
+
+
+def write_record(out: Path, record: dict) -> dict:
+    """Write a benchmark's record as JSON to ``out`` (creating its folder) and say where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return record

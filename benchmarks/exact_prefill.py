@@ -15,13 +15,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device
+from common import add_common_arguments, machine_info, print_header, setup_device, write_record
 
 from fullband.config import load_config
 from fullband.loading import preset_path
@@ -80,10 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{statistics.median(ratios):.4f} ({min(ratios):.4f}-{max(ratios):.4f}) | {diff:.1e} |", flush=True)
     record = {"benchmark": "exact_prefill", "command": command, "machine": machine, "model": "state-tracking preset",
               "dtype": args.dtype, "repeats": repeats, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
-    return record
+    return write_record(args.out, record)
 
 
 if __name__ == "__main__":

@@ -22,14 +22,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device
+from common import add_common_arguments, machine_info, print_header, setup_device, write_record
 
 # the models compared are the sweeps' own overrides: import them from the repository's experiments package
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -128,10 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"{statistics.median(grade_ratio):.2f} ({min(grade_ratio):.2f}-{max(grade_ratio):.2f}) |", flush=True)
     record = {"benchmark": "state_tracking_models", "command": command, "machine": machine, "steps": steps,
               "repeats": repeats, "batch": list(batch.shape), "graded": [rows, grade_tokens], "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"\nwrote {args.out}")
-    return record
+    return write_record(args.out, record)
 
 
 if __name__ == "__main__":
