@@ -105,6 +105,12 @@ class TrainConfig:
     log_every: int = _f(10, "print a progress line every N steps (metrics.jsonl gets every step)")
     progress: bool = _f(True, "show a progress bar")
     tensorboard: bool = _f(False, "also write TensorBoard events to OUT_DIR/tensorboard")
+    wandb: dict = _f(
+        {},
+        "also log to Weights & Biases (rank 0; what metrics.jsonl, eval.jsonl and TensorBoard get, and this config): "
+        "{project: P, name: N, tags: [T, ...]}, name default OUT_DIR's name; offline in OUT_DIR/wandb (wandb sync "
+        "uploads it) unless WANDB_API_KEY or WANDB_MODE is set; {} = off. Needs fullband[track]",
+    )
     eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only at the end)")
     ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
@@ -159,7 +165,7 @@ SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train
 
 # Fields that may differ between a run and its resumption: they change logging, not the computation.
 RESUMABLE_CHANGES = {
-    "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.eval_every",
+    "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.wandb", "train.eval_every",
     "train.ckpt_every", "train.keep_checkpoints", "train.checkpoint_format", "train.stop_after_steps",
     "train.max_bad_steps",
     "train.compile", "train.activation_checkpointing", "eval.batches", "eval.batch_size", "eval.fused_passes",
@@ -206,6 +212,7 @@ class RunConfig:
         for name, allowed in choices.items():
             if getattr(t, name) not in allowed:
                 raise ConfigError(f"train.{name}={getattr(t, name)!r}: allowed values are {', '.join(allowed)}")
+        _check_wandb(t.wandb)
         if not t.adam_eps > 0:
             raise ConfigError(f"train.adam_eps={t.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps)")
         if t.grad_passes < 0:
@@ -277,6 +284,28 @@ class RunConfig:
             if conflict:
                 raise ConfigError(f"train.exact_mode sequential (of train.schedule exact) cannot be combined with "
                                   f"{why}; or set train.exact_mode jacobi")
+
+
+WANDB_KEYS = ("project", "name", "tags")
+
+
+def _check_wandb(option: dict[str, Any]) -> None:
+    """train.wandb: {} (off) or {project, name, tags}: the project required, name and tags optional."""
+    if not option:
+        return
+    unknown = sorted(set(option) - set(WANDB_KEYS))
+    if unknown:
+        raise ConfigError(f"train.wandb: unknown key(s) {', '.join(map(str, unknown))}; the keys are project "
+                          "(required), name and tags, e.g. {project: fullband, name: small-run, tags: [paper]}")
+    project = option.get("project")
+    if not isinstance(project, str) or not project.strip():
+        raise ConfigError(f"train.wandb needs a project, a non-empty string (got {project!r}): e.g. "
+                          "--train.wandb '{project: fullband}'; {} turns W&B logging off")
+    if not isinstance(option.get("name", ""), str):
+        raise ConfigError(f"train.wandb.name must be a string, the W&B run's name (got {option['name']!r})")
+    tags = option.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(tag, str) and tag.strip() for tag in tags):
+        raise ConfigError(f"train.wandb.tags must be a list of non-empty strings, e.g. [paper, small] (got {tags!r})")
 
 
 def checkpoint_interval(setting: str) -> int:

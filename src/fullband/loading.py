@@ -16,7 +16,7 @@ from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
-from fullband.storage import BEST, find_tokenizer_dir, resolve_model_dir
+from fullband.storage import BEST, find_tokenizer_dir, read_safetensors, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -118,9 +118,6 @@ def _exported_config(path: Path) -> dict | None:
 def _load_hf_export(path: Path, hf_config: dict, device: str, dtype: torch.dtype | None
                     ) -> tuple[FullBandLM, Tokenizer]:
     # The export's weights are the model's own tensors under the "model." prefix (sharded or not).
-    from safetensors.torch import load_file
-
-
     index = path / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -133,19 +130,17 @@ def _load_hf_export(path: Path, hf_config: dict, device: str, dtype: torch.dtype
                             "(`fullband export-hf`), or load the model directory it was exported from")
     state = {}
     for name in files:
-        try:
-            state.update(load_file(str(path / name)))
-        except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise FullbandError(f"{path / name} is unreadable or truncated: {exc}") from None
+        state.update(read_safetensors(path / name))
     state = {k.removeprefix("model."): v for k, v in state.items()}
-    model = FullBandLM(FullBandConfig.from_dict(hf_config["fullband"]))
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise FullbandError(f"{path}: weights do not match the config: missing {missing}, unexpected {unexpected}")
     stored = next(iter(state.values())).dtype
+    try:
+        model = FullBandLM.from_weights(FullBandConfig.from_dict(hf_config["fullband"]), state, device,
+                                        dtype or stored, source=str(path))
+    except ValueError as exc:
+        raise FullbandError(str(exc)) from None
     # The export's decode defaults (its generate()'s) are this model's: the same settings at every door.
     DecodeSettings.from_dict(hf_config, f"{path / 'config.json'}").store_in(model)
-    return model.to(device=device, dtype=dtype or stored).eval(), load_tokenizer(path)
+    return model.eval(), load_tokenizer(path)
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -414,10 +414,12 @@ class FullBandLM(nn.Module):
         self.reset_parameters()
 
     def _apply(self, fn, recurse=True):
-        # RoPE frequencies stay float32 whatever dtype the weights are cast to: in bf16, position
-        # 1001 would round to 1000.
+        # RoPE frequencies are computed, not stored: float32 on the weights' device whatever dtype the weights are
+        # cast to (in bf16, position 1001 would round to 1000), and real again after a model built on the meta
+        # device took its weights (from_weights), which leaves this buffer without data for fn to move.
+        self.inv_freq = rope_inv_freq(self.config).float()
         super()._apply(fn, recurse)
-        self.inv_freq = rope_inv_freq(self.config).float().to(self.inv_freq.device)
+        self.inv_freq = rope_inv_freq(self.config).float().to(self.embed.weight.device)
         return self
 
     def reset_parameters(self) -> None:
@@ -796,37 +798,48 @@ class FullBandLM(nn.Module):
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-        state_dict: dict[str, torch.Tensor] | None = None,
     ) -> FullBandLM:
-        """The model of ``directory`` (config.json + model.safetensors); ``state_dict``: weights already read
-        elsewhere (a DCP checkpoint's, consolidated by ``fullband.storage``), then no model.safetensors is needed."""
+        """The model of ``directory`` (config.json + model.safetensors written by ``save_pretrained``). The command
+        line and the other doors load through ``fullband.architectures.load_pretrained``, which also reads run
+        directories, checkpoints and DCP shards."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        for name in (CONFIG_NAME,) if state_dict is not None else (CONFIG_NAME, WEIGHTS_NAME):
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
             if not (directory / name).is_file():
                 raise FileNotFoundError(
                     f"{directory} is not a fullband model directory: {name} is missing "
                     "(expected config.json and model.safetensors written by save_pretrained)"
                 )
-        config = FullBandConfig.load(directory / CONFIG_NAME)
-        model = cls(config)
-        state = state_dict
-        if state is None:
-            try:
-                state = load_file(str(directory / WEIGHTS_NAME))
-            except Exception as exc:  # safetensors raises its own error types for truncated files
-                raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if unexpected or missing:
-            source = directory / WEIGHTS_NAME if state_dict is None else f"the weights given for {directory}"
-            raise ValueError(f"{source} does not match its config: missing {missing}, unexpected {unexpected}")
+        try:
+            state = load_file(str(directory / WEIGHTS_NAME))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
+        model = cls.from_weights(FullBandConfig.load(directory / CONFIG_NAME), state, device, dtype,
+                                 source=str(directory / WEIGHTS_NAME))
         if (directory / DECODE_DEFAULTS_NAME).is_file():
             try:
                 model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())
             except ValueError as exc:
                 raise ValueError(f"{directory / DECODE_DEFAULTS_NAME} is unreadable: {exc}") from exc
-        return model.to(device=device, dtype=dtype)
+        return model
+
+    @classmethod
+    def from_weights(
+        cls, config: FullBandConfig, state: dict[str, torch.Tensor], device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None, source: str = "the weights",
+    ) -> FullBandLM:
+        """A model of ``config`` holding the tensors of ``state``, cast to ``dtype`` (default: torch's default dtype,
+        as a freshly built model's) and moved to ``device``. Built on the meta device, so no parameter is first
+        initialised at random and then overwritten: the modules take the tensors themselves."""
+        with torch.device("meta"):
+            model = cls(config)
+        dtype = dtype or torch.get_default_dtype()
+        state = {key: value.to(dtype) if value.is_floating_point() else value for key, value in state.items()}
+        missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+        if unexpected or missing:
+            raise ValueError(f"{source} does not match its config: missing {missing}, unexpected {unexpected}")
+        return model.to(device=device or "cpu")
 
 
 def uniform(

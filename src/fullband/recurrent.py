@@ -51,6 +51,7 @@ class RecurrentLM(nn.Module):
     # The same storage as FullBandLM (config.json with the arch, safetensors, decode defaults).
     save_pretrained = FullBandLM.save_pretrained
     from_pretrained = classmethod(FullBandLM.from_pretrained.__func__)
+    from_weights = classmethod(FullBandLM.from_weights.__func__)
 
     @property
     def no_feedback(self) -> str:

@@ -70,8 +70,10 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Raise CheckpointError unless every file in the manifest is present with its size and sha256."""
+def verify_checkpoint(path: Path, hashes: bool = True) -> None:
+    """Raise CheckpointError unless every file in the manifest is present with its size and (``hashes``) its
+    sha256. Without hashes the check reads no file's contents: what loading a model for inference needs, where
+    hashing a large run's optimizer state would cost seconds before the first token (``fullband verify`` hashes)."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
@@ -88,15 +90,16 @@ def verify_checkpoint(path: Path) -> None:
                 f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says {meta['bytes']} "
                 "(truncated or overwritten)"
             )
-        if sha256_of(file) != meta["sha256"]:
+        if hashes and sha256_of(file) != meta["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupt)")
 
 
-def latest_valid_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint that verifies; corrupt ones are reported on stderr and skipped."""
+def latest_valid_checkpoint(run_dir: Path, hashes: bool = True) -> Path | None:
+    """The newest checkpoint that verifies (``verify_checkpoint``); corrupt ones are reported on stderr and
+    skipped."""
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            verify_checkpoint(path)
+            verify_checkpoint(path, hashes)
             return path
         except CheckpointError as exc:
             print(f"warning: skipping {exc}", file=sys.stderr)
@@ -115,19 +118,20 @@ def read_best(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def resolve_model_dir(path: str | os.PathLike) -> Path:
+def resolve_model_dir(path: str | os.PathLike, hashes: bool = False) -> Path:
     """Accept a model directory, a training checkpoint, or a run directory (its newest valid
-    checkpoint) and return the model directory (config.json + model.safetensors) inside."""
+    checkpoint) and return the model directory (config.json + model.safetensors) inside. A checkpoint is checked
+    against its manifest (every file present with its size; with ``hashes`` also its sha256, as training does)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
     if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or dcp_dir_of(path)):
         return path
     if (path / "model" / "config.json").is_file():
-        verify_checkpoint(path)
+        verify_checkpoint(path, hashes)
         return path / "model"
     if (path / "checkpoints").is_dir():
-        latest = latest_valid_checkpoint(path)
+        latest = latest_valid_checkpoint(path, hashes)
         if latest is None:
             raise CheckpointError(f"run directory {path} has no complete checkpoint")
         return latest / "model"
@@ -135,6 +139,69 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
         f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
         "(model/ + manifest.json) nor a run directory (checkpoints/)"
     )
+
+
+def verify(path: str | os.PathLike) -> list[Path]:
+    """``fullband verify``: the sha256 of every file of every checkpoint of a run directory (and of ``best/``), or of
+    one checkpoint. Returns the checkpoints that verify; raises CheckpointError naming every one that does not."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist")
+    if (path / MANIFEST).is_file() or (path / "model" / "config.json").is_file():
+        checkpoints = [path]
+    else:
+        checkpoints = list_checkpoints(path) + ([path / BEST] if (path / BEST).is_dir() else [])
+        if not checkpoints:
+            raise CheckpointError(f"{path} is neither a checkpoint (manifest.json) nor a run directory with "
+                                  "checkpoints/ or best/")
+    good, bad = [], []
+    for checkpoint in checkpoints:
+        try:
+            verify_checkpoint(checkpoint)
+            good.append(checkpoint)
+        except CheckpointError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise CheckpointError("\n".join(bad))
+    return good
+
+
+def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, its header checked first against the file's size, so a truncated or
+    damaged file is refused with its name before anything is read."""
+    file = Path(file)
+    problem = _safetensors_problem(file)
+    if problem is None:
+        try:
+            return load_file(str(file))
+        except Exception as exc:  # safetensors raises its own error types
+            problem = str(exc)
+    raise CheckpointError(f"{file} is unreadable or truncated: {problem}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's header (an 8-byte little-endian length, a JSON table of tensors and
+    their byte ranges) given the file's size, or None."""
+    size = file.stat().st_size
+    with open(file, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes, shorter than a safetensors header"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"its header claims {length} bytes, the file has {size}"
+        try:
+            table = json.loads(f.read(length))
+        except ValueError as exc:
+            return f"its header is not JSON ({exc})"
+    if not isinstance(table, dict):
+        return "its header is not a table of tensors"
+    ends = [entry["data_offsets"][1] for key, entry in table.items()
+            if key != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets", ())) == 2]
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        return f"its header describes {expected} bytes, the file has {size}"
+    return None
 
 
 @contextlib.contextmanager
@@ -167,10 +234,7 @@ def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     model_dir = Path(model_dir)
     shards = dcp_dir_of(model_dir)
     if shards is None:
-        try:
-            return load_file(str(model_dir / WEIGHTS_NAME))
-        except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise CheckpointError(f"{model_dir / WEIGHTS_NAME} is unreadable or truncated: {exc}") from None
+        return read_safetensors(model_dir / WEIGHTS_NAME)
     try:
         reader = FileSystemReader(str(shards))
         entries = reader.read_metadata().state_dict_metadata
@@ -192,7 +256,7 @@ def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the model of ``source`` (a run directory, checkpoint or model directory, DCP or full) to ``out``
     as a plain model directory: config.json, model.safetensors, generation_config.json and tokenizer/."""
-    model_dir, out = resolve_model_dir(source), Path(out)
+    model_dir, out = resolve_model_dir(source, hashes=True), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
     weights = read_model_weights(model_dir)

@@ -61,6 +61,7 @@ from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.objective import MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
+from fullband.train.tracking import RunLog
 
 # Fields a mid-training run may set differently from the checkpoint it starts from.
 FEEDBACK_FIELDS = ("fusion", "fusion_init", "feedback_source", "feedback_jitter")
@@ -91,12 +92,6 @@ class TrainState:
     compute_tokens: int = 0  # token-equivalent compute: sum over steps of tokens × passes computed
     skipped_steps: int = 0
     consecutive_bad_steps: int = 0
-
-
-def _finite_or_none(value):
-    if isinstance(value, list):
-        return [_finite_or_none(v) for v in value]
-    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
@@ -189,7 +184,7 @@ class Trainer:
     def _build_model(self, dataset: PreparedDataset) -> LanguageModel:
         model_cfg = self.cfg.model
         if self.init_from is not None:
-            model_dir = resolve_model_dir(self.init_from)
+            model_dir = resolve_model_dir(self.init_from, hashes=True)  # weights to train on: hashed
             other = next((arch for arch in (model_cfg.arch, stored_arch(model_dir)) if arch != "fbt"), None)
             if other is not None:
                 raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); a "
@@ -471,22 +466,22 @@ class Trainer:
         """The loop: optimizer steps until the token budget (or train.stop_after_steps) is reached, with metrics,
         evaluations and checkpoints between them, then the final evaluation."""
         t, state = self.train_cfg, self.state
-        metrics = open(self.out_dir / "metrics.jsonl", "a") if self.is_main else None
-        writer = self._tensorboard()
+        run_log = RunLog.open(self.out_dir, t, self.cfg.to_dict(), self.is_main, self._log)
         progress = self._progress(self.total_steps, state.step)
         self.model.train()
         started, start_step = time.perf_counter(), state.step
         final_eval = None
+        failed = True
         try:
             if self.cfg.eval.at_start and state.step == 0:
-                self._evaluate_and_keep_best(writer)
+                self._evaluate_and_keep_best(run_log)
                 started = time.perf_counter()  # tokens_per_s counts training steps only
             while state.step < self.total_steps:
                 record = self.train_step()
                 record["elapsed_s"] = round(time.perf_counter() - started, 3)
                 record["tokens_per_s"] = round(
                     (state.step - start_step) * self.tokens_per_step / (time.perf_counter() - started), 1)
-                self._write_metrics(metrics, writer, record)
+                run_log.log_train(record)
                 self._report_progress(progress, record)
                 if state.consecutive_bad_steps >= t.max_bad_steps:
                     raise TrainingDiverged(
@@ -495,24 +490,22 @@ class Trainer:
                         "intact: lower train.lr, raise train.warmup_steps or enable train.z_loss, then --resume."
                     )
                 if t.eval_every and state.step % t.eval_every == 0 and state.step < self.total_steps:
-                    self._evaluate_and_keep_best(writer)
+                    self._evaluate_and_keep_best(run_log)
                 stop_now = t.stop_after_steps and state.step - start_step >= t.stop_after_steps
                 if (t.ckpt_every and state.step % t.ckpt_every == 0) or state.step == self.total_steps or stop_now:
                     self._checkpoint()
                 if stop_now:
                     break
             if state.step == self.total_steps:
-                final_eval = self._evaluate_and_keep_best(writer)
+                final_eval = self._evaluate_and_keep_best(run_log)
                 if self.best is not None:
                     self._log(f"best validation {self.best['loss_name']} loss {self.best['loss']:.5g} at step "
                               f"{self.best['step']}: {self.out_dir / 'best'}")
+            failed = False
         finally:
             if progress is not None:
                 progress.close()
-            if metrics is not None:
-                metrics.close()
-            if writer is not None:
-                writer.close()
+            run_log.close(failed)
         return TrainResult(self.out_dir, state.step, state.tokens, state.compute_tokens, state.skipped_steps,
                            state.step == self.total_steps, final_eval, self.best)
 
@@ -625,8 +618,8 @@ class Trainer:
             self._log(f"step {step}/{self.total_steps} | loss {loss:.4f} | K {passes} | lr {record['lr']:.2e} | "
                       f"{record['tokens_per_s']:.0f} tok/s")
 
-    def _evaluate_and_keep_best(self, writer) -> EvalResult:
-        result = self._evaluate(self.model, self.dataset, self.state.step, self.state.tokens, self.autocast, writer)
+    def _evaluate_and_keep_best(self, run_log: RunLog) -> EvalResult:
+        result = self._evaluate(self.model, self.dataset, self.state.step, self.state.tokens, self.autocast, run_log)
         self.best = self._keep_if_best(self.model, result, self.state.step, self.best, self.dataset)
         return result
 
@@ -693,16 +686,12 @@ class Trainer:
             values = values / self.world_size
         return values.tolist()
 
-    def _evaluate(self, model, dataset, step, tokens, autocast, writer) -> EvalResult:
+    def _evaluate(self, model, dataset, step, tokens, autocast, run_log: RunLog) -> EvalResult:
         e = self.cfg.eval
         batches = dataset.split("val").eval_batches(self.train_cfg.seq_len, e.batch_size, e.batches)
         result = evaluate(model, batches, e.fused_passes, sequential=e.sequential, autocast=autocast)
+        run_log.log_eval({"step": step, "tokens": tokens, **result.to_dict()})
         if self.is_main:
-            with open(self.out_dir / "eval.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, "tokens": tokens, **result.to_dict()}) + "\n")
-            if writer is not None:
-                for name, value in result.loss.items():
-                    writer.add_scalar(f"val/{name}", value, step)
             # 5 significant digits, not 4 decimals: an exact recurrence's loss of 1e-7 and one of 1e-4 differ in
             # how far a state-tracking recurrence extrapolates, and both read 0.0001 as decimals.
             losses = ", ".join(f"{k} {v:.5g}" for k, v in result.loss.items())
@@ -752,28 +741,6 @@ class Trainer:
             if path.is_file():
                 kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
                 path.write_text("".join(line + "\n" for line in kept))
-
-    def _write_metrics(self, metrics, writer, record) -> None:
-        if metrics is None:
-            return
-        # Non-finite values become null: strict JSON readers reject NaN.
-        clean = {k: _finite_or_none(v) for k, v in record.items()}
-        metrics.write(json.dumps(clean) + "\n")
-        metrics.flush()
-        if writer is not None:
-            for key in ("loss", "lr", "grad_norm", "passes", "tokens_per_s"):
-                writer.add_scalar(f"train/{key}", record[key], record["step"])
-
-    def _tensorboard(self):
-        if not (self.train_cfg.tensorboard and self.is_main):
-            return None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError(
-                "train.tensorboard needs the tensorboard package: pip install 'fullband[tensorboard]'"
-            ) from None
-        return SummaryWriter(str(self.out_dir / "tensorboard"))
 
     def _progress(self, total_steps: int, initial: int):
         if not (self.train_cfg.progress and self.is_main):
