@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from fullband.cli_options import add_decode_options, decode_overrides
+from fullband.cli_options import add_decode_options, add_sampling_field_options, decode_overrides, sampling_field_values
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, help="sampling seed")
+    add_sampling_field_options(p)
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.set_defaults(func=run)
     return p
@@ -53,7 +54,10 @@ def run(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_model(args.model, args.device)
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
-    stop = set(end_of_turn_ids(tokenizer))
+    fields = sampling_field_values(args)
+    # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
+    fields["stop_token_ids"] = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), *fields["stop_token_ids"]]))
+    stop = set(fields["stop_token_ids"])
     messages = [{"role": "system", "content": args.system}] if args.system else []
     for turn in _user_turns(args):
         messages.append({"role": "user", "content": turn})
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
             raise FullbandError(f"the conversation is {len(prompt)} tokens, the model's max_seq_len is "
                                 f"{model.config.max_seq_len}: start a new conversation")
         stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), decode=decode,
-                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, **fields)
         produced: list[int] = []
         shown = ""
         if args.message:  # echo scripted turns, so the transcript reads like the interactive one

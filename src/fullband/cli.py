@@ -14,7 +14,14 @@ from typing import Any
 
 from fullband import chat_cli, jacobi, lm_eval_cli, probe, sft
 from fullband.bench import cli as bench_cli
-from fullband.cli_options import add_config_options, add_decode_options, add_validation_data_options, decode_overrides
+from fullband.cli_options import (
+    add_config_options,
+    add_decode_options,
+    add_sampling_field_options,
+    add_validation_data_options,
+    decode_overrides,
+    sampling_field_values,
+)
 from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
 from fullband.decoding import DecodeSettings
@@ -25,7 +32,7 @@ from fullband.generation import generate_stream
 from fullband.hf import convert_from_hf, export_hf
 from fullband.loading import encode_prompt, load_model, load_model_and_data, preset_path
 from fullband.serve import cli as serve_cli
-from fullband.storage import consolidate
+from fullband.storage import consolidate, verify
 from fullband.train import train
 
 
@@ -88,9 +95,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
     settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
+    fields = sampling_field_values(args)
+    ends = {tokenizer.eos_id, *fields["stop_token_ids"]}
     stream = generate_stream(model, [prompt], args.max_new_tokens, decode=settings, temperature=args.temperature,
                              top_k=args.top_k, top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed,
-                             stats=stats)
+                             stats=stats, **fields)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
     if settings.mode == "fused" and settings.fused_passes == "auto" and stats:
         cut = "" if stats["fused_converged"][0] else (
@@ -102,7 +111,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     shown = ""
     for token in itertools.chain([first] if first is not None else [], stream):
         token_id = int(token[0])
-        if token_id == tokenizer.eos_id:
+        if token_id in ends:
             break
         produced.append(token_id)
         if not args.stream:
@@ -136,6 +145,11 @@ def cmd_convert(args: argparse.Namespace) -> None:
 def cmd_consolidate(args: argparse.Namespace) -> None:
 
     print(f"wrote {consolidate(args.checkpoint, args.out)}")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    for checkpoint in verify(args.path):
+        print(f"ok {checkpoint}")
 
 
 def cmd_export_hf(args: argparse.Namespace) -> None:
@@ -186,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
     p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
     p.add_argument("--seed", type=int, help="sampling seed")
+    add_sampling_field_options(p)
     p.add_argument("--stream", action="store_true", help="print tokens as they are produced")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.set_defaults(func=cmd_generate)
@@ -213,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory (its newest valid checkpoint), checkpoint or model directory")
     p.add_argument("--out", required=True, metavar="DIR", help="model directory to write (new or empty)")
     p.set_defaults(func=cmd_consolidate)
+
+    p = sub.add_parser("verify", help="check the sha256 of every file of a run's checkpoints (or of one checkpoint) "
+                                      "against their manifests; loading a model checks only sizes and headers")
+    p.add_argument("path", help="run directory (every checkpoint and best/) or one checkpoint")
+    p.set_defaults(func=cmd_verify)
 
     lm_eval_cli.add_parser(sub)
     jacobi.add_parser(sub)

@@ -16,7 +16,7 @@ from fullband.loading import PRESET_DIR
 def _type_name(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "")
     return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
-            "<class 'bool'>": "BOOL"}.get(text, text.upper())
+            "<class 'bool'>": "BOOL", "<class 'dict'>": "YAML_MAPPING"}.get(text, text.upper())
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -71,3 +71,44 @@ def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The decode settings fields given on the command line (``add_decode_options``)."""
     return {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
             "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}
+
+
+def _logit_bias_entry(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 50256=-100), got {text!r}") from None
+
+
+def add_sampling_field_options(parser: argparse.ArgumentParser) -> None:
+    """The OpenAI and vLLM sampling fields (``fullband.sampling``), applied as ``fullband serve`` applies them."""
+    group = parser.add_argument_group("sampling fields", "adjust the logits before a token is chosen (greedy too), "
+                                      "as the OpenAI and vLLM fields of the same names")
+    group.add_argument("--logit-bias", action="append", type=_logit_bias_entry, metavar="TOKEN_ID=BIAS",
+                       help="add BIAS in [-100, 100] to a token's logit (repeat for several tokens)")
+    group.add_argument("--presence-penalty", type=float, default=0.0, metavar="P",
+                       help="in [-2, 2]: subtract P from the logit of every token generated so far (default: 0)")
+    group.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                       help="in [-2, 2]: subtract F times its count so far from a generated token's logit (default: 0)")
+    group.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                       help="> 0: divide the positive logits of the tokens in the prompt or generated so far by R, "
+                            "multiply their negative ones by R (default: 1 = off)")
+    group.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                       help="do not end before N tokens: the end tokens are masked until then (default: 0)")
+    group.add_argument("--stop-token-id", action="append", type=int, dest="stop_token_ids", metavar="ID",
+                       help="also end at this token id (repeat for several)")
+
+
+def sampling_field_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of ``generate_stream`` given by ``add_sampling_field_options``."""
+    bias: dict[int, float] = {}
+    for token, value in args.logit_bias or []:
+        if token in bias:
+            raise ValueError(f"--logit-bias names token {token} twice")
+        bias[token] = value
+    return {"logit_bias": bias, "presence_penalty": args.presence_penalty,
+            "frequency_penalty": args.frequency_penalty, "repetition_penalty": args.repetition_penalty,
+            "min_tokens": args.min_tokens, "stop_token_ids": tuple(args.stop_token_ids or ())}

@@ -19,7 +19,7 @@ not depend on what it is batched with. The loop only calls ``model.prefill`` and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from fullband.deltaproduct import DeltaState
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, ModelOutput, segment_positions
 from fullband.recurrent import RecurrentState
+from fullband.sampling import BatchAdjuster, LogitsAdjustments, check_token_ids
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
            "score_continuations", "sequential_forward"]
@@ -187,9 +188,18 @@ def generate_stream(
     fused_max_passes: int | None = None,
     stats: dict[str, Any] | None = None,
     decode: DecodeSettings | None = None,
+    logit_bias: Mapping[int, float] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    min_tokens: int = 0,
+    stop_token_ids: Sequence[int] = (),
 ) -> Iterator[torch.Tensor]:
-    """Yield a (B,) tensor of new token ids per step. Rows that produced ``eos_token_id`` keep
-    yielding it; the stream ends when every row has finished or after ``max_new_tokens`` steps.
+    """Yield a (B,) tensor of new token ids per step. A row finishes at ``eos_token_id`` or any of
+    ``stop_token_ids`` and keeps yielding the token it finished with; the stream ends when every row has
+    finished or after ``max_new_tokens`` steps.
+    ``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` and ``min_tokens`` adjust
+    every row's logits before the token is chosen, greedy included (``fullband.sampling``).
     The decode settings are ``decode`` (default: those stored with the model) with ``mode``,
     ``fused_passes`` (an integer >= 1, "auto" or "exact"), ``fused_tol`` and ``fused_max_passes`` replaced where
     given.
@@ -200,9 +210,17 @@ def generate_stream(
     ids, mask = left_pad(input_ids, attention_mask)
     ids, mask = ids.to(model.device), mask.to(model.device)
     _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
+    vocab_size = model.config.vocab_size
+    adjustments = LogitsAdjustments.of(vocab_size, max_new_tokens, logit_bias, presence_penalty, frequency_penalty,
+                                       repetition_penalty, min_tokens)
+    end_ids = check_token_ids("stop_token_ids", stop_token_ids, vocab_size)
+    if eos_token_id is not None:
+        end_ids = tuple(dict.fromkeys([eos_token_id, *end_ids]))
     if max_new_tokens == 0:
         return
     B = ids.shape[0]
+    adjuster = BatchAdjuster([adjustments] * B, ids, mask, [end_ids] * B, vocab_size)
+    ends = torch.tensor(end_ids, dtype=torch.long, device=model.device) if end_ids else None
     generator = None
     if seed is not None:
         generator = torch.Generator(device=model.device).manual_seed(seed)
@@ -213,15 +231,18 @@ def generate_stream(
             stats["fused_converged"] = out.converged.tolist()
 
     finished = torch.zeros(B, dtype=torch.bool, device=model.device)
+    held = torch.zeros(B, dtype=torch.long, device=model.device)  # the token a finished row repeats
     logits, state = out.logits[:, -1], out.hidden[:, -1:]
     for step in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_k, top_p, generator)
-        if eos_token_id is not None:
-            token = token.masked_fill(finished, eos_token_id)
-            finished |= token == eos_token_id
+        token = sample_next(adjuster.adjust(logits), temperature, top_k, top_p, generator)
+        if ends is not None:
+            token = torch.where(finished, held, token)
+            finished |= torch.isin(token, ends)
+            held = token
+        adjuster.record(token)
         yield token
         # finished.all() syncs with the device, so check it only when rows can finish early.
-        if step + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
+        if step + 1 == max_new_tokens or (ends is not None and bool(finished.all())):
             return
         out = model(
             token.unsqueeze(1),
@@ -240,10 +261,12 @@ def generate(
     **kwargs: Any,
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
-    ``eos_token_id``; a row that stopped earlier is filled with ``eos_token_id``). Keyword arguments
-    are those of ``generate_stream``: mode ("standard" | "soft" | "fused"), fused_passes (int, "auto" or
-    "exact"), fused_tol, fused_max_passes (each defaults to the model's stored setting), decode (a whole
-    ``DecodeSettings``), temperature (0 = greedy), top_k, top_p, eos_token_id, attention_mask, seed, stats."""
+    ``eos_token_id`` or one of ``stop_token_ids``; a row that stopped earlier is filled with the token it
+    stopped at). Keyword arguments are those of ``generate_stream``: mode ("standard" | "soft" | "fused"),
+    fused_passes (int, "auto" or "exact"), fused_tol, fused_max_passes (each defaults to the model's stored
+    setting), decode (a whole ``DecodeSettings``), temperature (0 = greedy), top_k, top_p, eos_token_id,
+    stop_token_ids, attention_mask, seed, stats, and the logits adjustments logit_bias, presence_penalty,
+    frequency_penalty, repetition_penalty and min_tokens (``fullband.sampling``)."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1

@@ -7,6 +7,10 @@ the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry th
 server's settings (those stored with the model unless ``fullband serve`` overrides them), whose
 ``fused_max_passes`` also bounds the fused passes one request may ask for. Completions take ``ignore_eos``
 (as in vLLM).
+The sampling fields ``logit_bias``, ``presence_penalty``, ``frequency_penalty`` (OpenAI) and ``repetition_penalty``,
+``min_tokens``, ``stop_token_ids``, ``top_k`` (vLLM) are applied per request (``fullband.sampling``). A field the
+server does not implement is refused with a 400 naming it, never ignored; ``user`` and ``metadata`` are accepted and
+have no effect, and a few OpenAI fields are accepted at the value that asks for nothing (``NEUTRAL``).
 Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,10 +37,12 @@ from fullband.data import Tokenizer
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import FIELDS, DecodeSettings, DecodeSettingsError
 from fullband.loading import encode_prompt
+from fullband.sampling import LogitsAdjustments, check_token_ids
 from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, SamplingParams, Sequence
 
 PAGE = Path(__file__).parent / "static" / "chat.html"
 MAX_STOP_STRINGS = 4
+SEED_LIMIT = 2**63  # torch.Generator seeds are 64-bit; choice j of n is seeded with seed + j
 # How often a request waiting for tokens checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
 
@@ -56,9 +63,40 @@ class APIError(Exception):
 
 # ---- request bodies: pydantic checks the types, the handlers the values ---------------------------------
 
+# OpenAI request fields that this server does not implement, with what they would need; a request that gives one
+# (other than null) is refused with a 400 naming it. Any other unknown field is refused too.
+NOT_IMPLEMENTED = {
+    "tools": "function calling", "tool_choice": "function calling", "functions": "function calling",
+    "function_call": "function calling", "parallel_tool_calls": "function calling", "audio": "audio output",
+    "modalities": "output modalities other than text", "prediction": "predicted outputs",
+    "reasoning_effort": "a reasoning model", "verbosity": "a reasoning model", "web_search_options": "web search",
+    "service_tier": "service tiers",
+}
+# OpenAI fields accepted at the value that asks for nothing, and refused with a 400 at any other: name -> (test of
+# the value and the request, the accepted values in words).
+NEUTRAL = {
+    "echo": (lambda v, req: v is False, "false (the prompt is not repeated in the answer)"),
+    "suffix": (lambda v, req: v == "", "empty (no text after the completion)"),
+    "best_of": (lambda v, req: v == req.n, "n (every generated choice is returned)"),
+    "store": (lambda v, req: v is False, "false (nothing is stored)"),
+    "response_format": (lambda v, req: v == {"type": "text"}, '{"type": "text"} (no JSON mode or schema)'),
+}
+# Message fields of the OpenAI chat API that a null leaves out (clients send assistant messages back with them).
+NULLABLE_MESSAGE_FIELDS = ("name", "tool_calls", "tool_call_id", "refusal", "audio", "function_call")
+
+
+def _drop_nulls(data: Any, names: Any) -> Any:
+    # OpenAI clients may send an explicit null for a parameter they leave at its default.
+    return {k: v for k, v in data.items() if v is not None or k not in names} if isinstance(data, dict) else data
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # unknown OpenAI fields (user, ...) are accepted and ignored
+    model_config = ConfigDict(extra="forbid")  # refused by name in the validation error handler
 
     model: str
     max_tokens: int | None = None
@@ -66,36 +104,59 @@ class _Request(BaseModel):
     top_p: float = 1.0
     n: int = 1
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    # The sampling fields are checked by LogitsAdjustments, as at every other door.
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: Any = 0.0
+    frequency_penalty: Any = 0.0
+    repetition_penalty: Any = 1.0
+    min_tokens: Any = 0
+    stop_token_ids: list[int] | None = None
+    top_k: int | None = None  # as in vLLM: -1 or 0 = every token
     # The decode settings are checked by DecodeSettings, so a bad value reads the same as at every other door.
     decode_mode: Any = None
     fused_passes: Any = None
     fused_tol: Any = None
     fused_max_passes: Any = None
+    # Accepted without effect: they describe the caller, not the answer.
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    # Accepted only at their neutral value (NEUTRAL).
+    best_of: Any = None
+    store: Any = None
+    response_format: Any = None
 
     @model_validator(mode="before")
     @classmethod
     def _null_means_default(cls, data: Any) -> Any:
-        # OpenAI clients may send an explicit null for a parameter they leave at its default.
-        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+        return _drop_nulls(data, {*cls.model_fields, *NOT_IMPLEMENTED})
 
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     ignore_eos: bool = False  # as in vLLM: generate max_tokens tokens whatever the model says (benchmarks)
+    echo: Any = None
+    suffix: Any = None
 
 
 class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]
     content: str | list[TextPart]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_absent(cls, data: Any) -> Any:
+        return _drop_nulls(data, NULLABLE_MESSAGE_FIELDS)
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -189,6 +250,10 @@ def create_app(
     requests that do not give their own (default: those stored with the model); each fused pass is a full
     prefill that the running batch waits for, so its ``fused_max_passes`` bounds what one request may ask."""
     decode = decode if decode is not None else DecodeSettings.of(engine.model)
+    # The model's own default mode tells whether its fusion was trained: a fresh or converted model and one trained
+    # with train.schedule standard store standard, every schedule that trains the fusion soft or fused
+    # (fullband.decoding). The chat page marks it and says when soft and fused mean nothing yet.
+    model_mode = DecodeSettings.of(engine.model).mode
     config = engine.model.config
     created = int(time.time())
     chat_error = _chat_template_error(tokenizer)
@@ -210,6 +275,12 @@ def create_app(
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return APIError(400, "the request body is not valid JSON", code="invalid_json").response()
+        extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+        if extra:
+            return _unknown_field(extra[0]).response()
+        if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+            return APIError(400, "the request body must be a JSON object of the request's fields, sent with "
+                            "Content-Type: application/json", code="invalid_body").response()
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
@@ -232,7 +303,8 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": model_name, "max_model_len": config.max_seq_len, **decode.to_dict(),
-                "chat": chat_error is None, "chat_error": chat_error, **engine.stats()}
+                "chat": chat_error is None, "chat_error": chat_error, "model_decode_mode": model_mode,
+                "fusion_trained": model_mode != "standard", **engine.stats()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -253,6 +325,21 @@ def create_app(
             raise APIError(400, f"top_p must be in (0, 1], got {req.top_p}", param="top_p")
         if max_tokens is not None and max_tokens < 1:
             raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+        for name, (neutral, accepted) in NEUTRAL.items():
+            value = getattr(req, name, None)
+            if value is not None and not neutral(value, req):
+                raise APIError(400, f"{name}={json.dumps(value)} is not supported by this server: leave it out or "
+                               f"set it to {accepted}", param=name)
+        if req.seed is not None and not -SEED_LIMIT <= req.seed < SEED_LIMIT - req.n:
+            raise APIError(400, f"seed must be an integer in [-2**63, 2**63 - n), got {req.seed}", param="seed")
+        if req.top_k is not None and req.top_k < -1:
+            raise APIError(400, f"top_k must be >= 1, or -1 or 0 for every token, got {req.top_k}", param="top_k")
+        try:
+            adjustments = LogitsAdjustments.of(config.vocab_size, max_tokens, req.logit_bias, req.presence_penalty,
+                                               req.frequency_penalty, req.repetition_penalty, req.min_tokens)
+            stop_token_ids = check_token_ids("stop_token_ids", req.stop_token_ids or (), config.vocab_size)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param=_field_named(str(exc))) from None
         asked = {"decode_mode": req.decode_mode, "fused_passes": req.fused_passes, "fused_tol": req.fused_tol,
                  "fused_max_passes": req.fused_max_passes}
         try:
@@ -263,9 +350,10 @@ def create_app(
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise APIError(400, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
-        params = SamplingParams(max_tokens=max_tokens or 1, decode=settings,
-                                temperature=req.temperature, top_p=req.top_p if req.top_p < 1 else None,
-                                seed=req.seed)
+        params = SamplingParams(max_tokens=max_tokens or 1, decode=settings, temperature=req.temperature,
+                                top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
+                                top_p=req.top_p if req.top_p < 1 else None, seed=req.seed,
+                                adjustments=adjustments, stop_token_ids=stop_token_ids)
         return params, stop
 
     def start(prompts: list[list[int]], params: SamplingParams, n: int, stop: list[str]):
@@ -286,7 +374,7 @@ def create_app(
         except QueueFull as exc:
             raise APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from exc
         except ValueError as exc:
-            param = "max_tokens" if "max_tokens" in str(exc) else None
+            param = _field_named(str(exc)) or ("max_tokens" if "max_tokens" in str(exc) else None)
             raise APIError(400, str(exc), param=param) from exc
         return sequences, choices, queue
 
@@ -361,7 +449,9 @@ def create_app(
         if req.logprobs is not None and not 0 <= req.logprobs <= 5:
             raise APIError(400, f"logprobs must be between 0 and 5, got {req.logprobs}", param="logprobs")
         prompts = _prompts(req.prompt, tokenizer)
-        params = replace(params, logprobs=req.logprobs, stop_token_ids=() if req.ignore_eos else (tokenizer.eos_id,))
+        ends = () if req.ignore_eos else (tokenizer.eos_id,)
+        params = replace(params, logprobs=req.logprobs, stop_token_ids=tuple(dict.fromkeys(
+            [*ends, *params.stop_token_ids])))
         sequences, choices, queue = start(prompts, params, req.n, stop)
         rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         base = {"id": rid, "object": "text_completion", "created": now, "model": model_name}
@@ -376,7 +466,7 @@ def create_app(
                             lp = completion_logprobs(choice.logprobs[-1:], len(choice.sent) - len(u.text))
                         yield sse({**base, "choices": [{"index": u.index, "text": u.text, "logprobs": lp,
                                                         "finish_reason": u.finish_reason}]})
-                    if (req.stream_options or {}).get("include_usage"):
+                    if req.stream_options is not None and req.stream_options.include_usage:
                         yield sse({**base, "choices": [], "usage": usage(prompts, choices)})
                 except APIError as exc:
                     yield sse(exc.body())
@@ -410,7 +500,7 @@ def create_app(
             raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
         if max_tokens is None:  # as in OpenAI: up to the end of the context
             max_tokens = max(1, config.max_seq_len - len(prompt))
-        stop_ids = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), tokenizer.eos_id]))
+        stop_ids = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), tokenizer.eos_id, *params.stop_token_ids]))
         params = replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids,
                          logprobs=(req.top_logprobs or 0) if req.logprobs else None)
         sequences, choices, queue = start([prompt], params, req.n, stop)
@@ -429,7 +519,7 @@ def create_app(
                         delta = {"content": u.text} if u.text or u.finish_reason is None else {}
                         yield sse({**chunk, "choices": [{"index": u.index, "delta": delta, "logprobs": lp,
                                                          "finish_reason": u.finish_reason}]})
-                    if (req.stream_options or {}).get("include_usage"):
+                    if req.stream_options is not None and req.stream_options.include_usage:
                         yield sse({**chunk, "choices": [], "usage": usage([prompt], choices)})
                 except APIError as exc:
                     yield sse(exc.body())
@@ -468,6 +558,31 @@ def _chat_template_error(tokenizer: Tokenizer) -> str | None:
         return (f"this model's tokenizer cannot format chats ({exc}); use /v1/completions, or instruction-tune "
                 "the model first (see docs/instruction-tuning.md)")
     return None
+
+
+_UNION_BRANCH = re.compile(r"str|int|float|bool|\w+\[.*\]")
+
+
+def _unknown_field(error: dict[str, Any]) -> APIError:
+    """The 400 for a field the request models do not declare: named, with why, never ignored."""
+    # Leave out the union branches pydantic names in a location (prompt.list[int].0 -> prompt.0).
+    loc = [str(p) for p in error.get("loc", ())[1:] if not _UNION_BRANCH.fullmatch(str(p))]
+    where = ".".join(loc) or "body"
+    name = loc[-1] if loc else where
+    if len(loc) == 1 and name in NOT_IMPLEMENTED:
+        message = (f"{name} is not supported by this server (it would need {NOT_IMPLEMENTED[name]}, which fullband "
+                   "serve does not implement); leave it out")
+    else:
+        message = (f"unknown field {where!r}: this server does not implement it and does not ignore it; leave it "
+                   "out (the fields it takes are listed in docs/serving.md)")
+    return APIError(400, message, param=where, code="unsupported_field")
+
+
+def _field_named(message: str) -> str | None:
+    """The request field a sampling error is about: its message names it first."""
+    first = re.match(r"[a-z_]+", message)
+    return first.group(0) if first and first.group(0) in ChatRequest.model_fields | CompletionRequest.model_fields \
+        else None
 
 
 def _decode_param(message: str) -> str:

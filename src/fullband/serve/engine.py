@@ -12,7 +12,8 @@ all three modes share one batch. Finished or cancelled rows leave at once; colum
 padding for every row are dropped (compaction) when the write position reaches the end of the cache.
 
 Sampling is per row with the row's own ``torch.Generator``, so a seeded request gives the same tokens
-whatever it is batched with (up to floating-point differences in the logits between batch shapes).
+whatever it is batched with (up to floating-point differences in the logits between batch shapes). Each row's
+logits are first adjusted by its own sampling fields (``fullband.sampling.BatchAdjuster``, as in ``generate``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from fullband.decoding import DecodeSettings
 from fullband.generation import left_pad, sample_next
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM
+from fullband.sampling import BatchAdjuster, LogitsAdjustments, check_token_ids
 
 log = logging.getLogger("fullband.serve")
 
@@ -48,10 +50,13 @@ class SamplingParams:
     max_tokens: int
     decode: DecodeSettings = DecodeSettings()  # checked when built; the engine adds no limits of its own
     temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None
     top_p: float | None = None
+    adjustments: LogitsAdjustments = LogitsAdjustments()  # logit_bias, penalties, min_tokens: checked when built
     seed: int | None = None
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the chosen token's and the top k
-    stop_token_ids: tuple[int, ...] = ()  # end the sequence (finish_reason "stop"); not part of the text
+    # End the sequence (finish_reason "stop"; not part of the text); masked until adjustments.min_tokens.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -90,8 +95,13 @@ def check_request(model: FullBandLM, prompt_ids: list[int], params: SamplingPara
         raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
     if not params.temperature >= 0:  # also rejects NaN
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
+    if params.top_k is not None and params.top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {params.top_k}")
     if params.top_p is not None and not 0 < params.top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+    if params.adjustments.min_tokens > params.max_tokens:
+        raise ValueError(f"min_tokens ({params.adjustments.min_tokens}) must be at most max_tokens "
+                         f"({params.max_tokens})")
     if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"the number of top log-probabilities must be in [0, {MAX_TOP_LOGPROBS}], "
                          f"got {params.logprobs}")
@@ -101,6 +111,8 @@ def check_request(model: FullBandLM, prompt_ids: list[int], params: SamplingPara
     bad = [i for i in prompt_ids if not 0 <= i < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
+    check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    check_token_ids("logit_bias", (token for token, _ in params.adjustments.logit_bias), vocab)
     total = len(prompt_ids) + params.max_tokens
     if total > model.config.max_seq_len:
         raise ValueError(
@@ -125,6 +137,7 @@ class Engine:
         self._cache: KVCache | None = None
         # Per-row tensors of the running batch, in the order of self._rows.
         self._logits = self._state = self._positions = self._plain = None
+        self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
         self._n_standard = 0
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -198,6 +211,7 @@ class Engine:
         if not self._rows:
             return
         tokens = self._sample()
+        self._adjuster.record(tokens)
         keep = self._emit(tokens)
         if len(keep) < len(self._rows):
             self._remove_rows(keep)
@@ -250,9 +264,12 @@ class Engine:
                 seq.generator.seed()
             else:
                 seq.generator.manual_seed(seq.params.seed)
-        self._join(group, own, out.logits[:, -1], out.hidden[:, -1:])
+        adjuster = BatchAdjuster([seq.params.adjustments for seq in group], ids, mask,
+                                 [seq.params.stop_token_ids for seq in group], self.model.config.vocab_size)
+        self._join(group, own, out.logits[:, -1], out.hidden[:, -1:], adjuster)
 
-    def _join(self, group: list[Sequence], prefilled: KVCache, logits: torch.Tensor, state: torch.Tensor) -> None:
+    def _join(self, group: list[Sequence], prefilled: KVCache, logits: torch.Tensor, state: torch.Tensor,
+              adjuster: BatchAdjuster) -> None:
         """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
         standard = [seq.params.decode.mode == "standard" for seq in group]
         rows = dict(
@@ -270,6 +287,10 @@ class Engine:
         for name, value in rows.items():
             current = getattr(self, f"_{name}")
             setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
+        if self._adjuster is None:
+            self._adjuster = adjuster
+        else:
+            self._adjuster.extend(adjuster)
         self._rows.extend(group)
         self._n_standard += sum(standard)
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
@@ -287,12 +308,12 @@ class Engine:
         self.counters["compactions"] += 1
 
     def _sample(self) -> torch.Tensor:
-        rows = self._rows
-        tokens = self._logits.argmax(dim=-1)
-        for i, seq in enumerate(rows):
+        logits = self._adjuster.adjust(self._logits)
+        tokens = logits.argmax(dim=-1)
+        for i, seq in enumerate(self._rows):
             p = seq.params
             if p.temperature > 0:
-                tokens[i] = sample_next(self._logits[i : i + 1], p.temperature, None, p.top_p, seq.generator)[0]
+                tokens[i] = sample_next(logits[i : i + 1], p.temperature, p.top_k, p.top_p, seq.generator)[0]
         return tokens
 
     def _emit(self, tokens: torch.Tensor) -> list[int]:
@@ -338,11 +359,12 @@ class Engine:
         self._n_standard -= sum(s.params.decode.mode == "standard" for s in removed)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._cache = None
+            self._cache = self._adjuster = None
             self._logits = self._state = self._positions = self._plain = None
             return
         index = torch.tensor(keep, device=self.device)
         self._cache.select_rows(index)
+        self._adjuster.select(keep)
         for name in ("_logits", "_state", "_positions", "_plain"):
             setattr(self, name, getattr(self, name).index_select(0, index))
 
@@ -362,7 +384,7 @@ class Engine:
 
     def _fail_all(self, message: str) -> None:
         rows, self._rows = self._rows, []
-        self._cache = None
+        self._cache = self._adjuster = None
         self._logits = self._state = self._positions = self._plain = None
         self._n_standard = 0
         for seq in rows:

@@ -1,0 +1,253 @@
+"""The OpenAI and vLLM sampling fields that adjust a row's logits before a token is chosen, computed in one place
+for every door (``generate``, ``fullband generate`` / ``chat``, ``fullband serve``) and every decode mode.
+
+- ``logit_bias`` (OpenAI): token id -> a bias in [-100, 100] added to that token's logit.
+- ``repetition_penalty`` (vLLM, transformers' ``RepetitionPenaltyLogitsProcessor``): every token that occurs in the
+  prompt or among the tokens generated so far has its logit divided by the penalty when positive, multiplied by it
+  when negative; 1 changes nothing.
+- ``frequency_penalty`` and ``presence_penalty`` (OpenAI, in [-2, 2]): ``logit[j] -= c[j] * frequency_penalty +
+  (c[j] > 0) * presence_penalty``, where ``c[j]`` counts token j among the tokens generated so far (not the prompt).
+- ``min_tokens`` (vLLM): the row's end tokens (eos and its stop token ids) get logit -inf until it has generated
+  that many tokens.
+
+They apply in vLLM's order (min_tokens, logit_bias, repetition, frequency and presence), before the temperature,
+top-k and top-p, so greedy decoding takes the argmax of the adjusted logits.
+``BatchAdjuster`` keeps what the fields need per row (its tokens so far, counts of the generated ones), so the rows
+of one batch may each carry their own fields: a row's adjusted logits never depend on the other rows.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["BatchAdjuster", "LogitsAdjustments", "check_token_ids"]
+
+MAX_LOGIT_BIAS = 100.0
+MAX_OPENAI_PENALTY = 2.0
+
+
+def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int, ...]:
+    """``ids`` as a tuple of ints, each a token id of a vocabulary of ``vocab_size``; ValueError naming ``name``."""
+    out = []
+    for item in ids:
+        try:  # ints, and integer numpy or 0-d torch values
+            token = None if isinstance(item, bool) else operator.index(item)
+        except TypeError:
+            token = None
+        if token is None:
+            raise ValueError(f"{name} must hold integer token ids, got {item!r}")
+        if not 0 <= token < vocab_size:
+            raise ValueError(f"{name}: token id {token} is outside the model's vocabulary [0, {vocab_size})")
+        out.append(token)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class LogitsAdjustments:
+    """One row's sampling fields (see the module docstring); the defaults change nothing. Build it with ``of`` to
+    have every field checked."""
+
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs, token ids distinct
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+
+    @classmethod
+    def of(
+        cls,
+        vocab_size: int,
+        max_tokens: int | None = None,
+        logit_bias: Mapping[int | str, float] | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repetition_penalty: float = 1.0,
+        min_tokens: int = 0,
+    ) -> LogitsAdjustments:
+        """The fields, checked: ValueError naming the field and its allowed range when one is out of it.
+        ``logit_bias`` keys may be ints or the strings of ints (JSON object keys); ``max_tokens`` bounds min_tokens."""
+        for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
+            if not _is_number(value) or not -MAX_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY:
+                raise ValueError(f"{name} must be a number in [-{MAX_OPENAI_PENALTY:g}, {MAX_OPENAI_PENALTY:g}] "
+                                 f"(0 = off), got {value!r}")
+        if not _is_number(repetition_penalty) or not 0 < repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off, > 1 discourages "
+                             f"repeating), got {repetition_penalty!r}")
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise ValueError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})")
+        bias: dict[int, float] = {}
+        for key, value in (logit_bias or {}).items():
+            token = _token_key(key)
+            check_token_ids("logit_bias", [token], vocab_size)
+            if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
+                                 f"{MAX_LOGIT_BIAS:g}], got {value!r}")
+            if token in bias:
+                raise ValueError(f"logit_bias names token {token} twice")
+            bias[token] = float(value)
+        return cls(tuple(bias.items()), float(presence_penalty), float(frequency_penalty), float(repetition_penalty),
+                   min_tokens)
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the penalties need the row's token history."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def changes_logits(self) -> bool:
+        return self.counts_tokens or bool(self.logit_bias) or self.min_tokens > 0
+
+
+def _is_number(value: object) -> bool:
+    """An int or a float other than NaN (a bool is not a number here)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
+
+
+def _token_key(key: int | str) -> int:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    raise ValueError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got {key!r}")
+
+
+class BatchAdjuster:
+    """The adjusted logits of a batch whose rows each have their own ``LogitsAdjustments``, prompt and end tokens.
+
+    ``adjust`` maps the (B, V) logits of a step to the adjusted ones; ``record`` adds the step's chosen tokens to the
+    rows' history. ``select`` and ``extend`` follow a batch whose rows leave and join (the server's engine).
+    While some row has a penalty, each row keeps its tokens so far (prompt and generated, (B, L)) and the counts of
+    its generated tokens ((B, V)); the penalties then read and write only the L logits of those tokens, not all V."""
+
+    def __init__(
+        self,
+        rows: Sequence[LogitsAdjustments],
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        end_ids: Sequence[Iterable[int]],
+        vocab_size: int,
+    ):
+        """``prompt_ids`` and ``prompt_mask``: the rows' prompts, (B, T) ids padded on either side and the (B, T)
+        mask of their real tokens (each row has at least one); ``end_ids``: per row, the tokens that end it (masked
+        until ``min_tokens``)."""
+        if not len(rows) == len(prompt_ids) == len(end_ids):
+            raise ValueError(f"{len(rows)} rows of adjustments, {len(prompt_ids)} prompts and {len(end_ids)} "
+                             "end-id sets")
+        self.vocab_size, self.device = vocab_size, prompt_ids.device
+        self.rows = list(rows)
+        self.end_ids = [tuple(ids) for ids in end_ids]
+        self.generated = [0] * len(rows)
+        self.counts: torch.Tensor | None = None  # (B, V) int32: each token's count among the generated ones
+        # (B, L): each row's prompt and generated tokens. A padding position repeats a token of its row, so that
+        # writing the penalised logits back writes that token's value twice, the same both times.
+        self.history: torch.Tensor | None = None
+        if any(r.counts_tokens for r in self.rows):
+            first_real = prompt_ids.gather(1, prompt_mask.int().argmax(dim=1, keepdim=True))
+            self.history = torch.where(prompt_mask.bool(), prompt_ids, first_real)
+            self.counts = self._no_counts(len(self.rows))
+        self._tensors: dict[str, torch.Tensor] | None = None
+
+    @property
+    def changes_logits(self) -> bool:
+        return any(r.changes_logits for r in self.rows)
+
+    def adjust(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, V) logits -> the adjusted (B, V) logits, in at least float32; the same tensor when no row changes
+        anything."""
+        if not self.changes_logits:
+            return logits
+        if logits.shape != (len(self.rows), self.vocab_size):
+            raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(self.rows)} rows of a "
+                             f"{self.vocab_size}-token vocabulary")
+        out = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
+        t = self._row_tensors(out.dtype)
+        waiting = [i for i, (r, n) in enumerate(zip(self.rows, self.generated)) if n < r.min_tokens]
+        if waiting:
+            pairs = [(i, token) for i in waiting for token in self.end_ids[i]]
+            if pairs:
+                rows, tokens = torch.tensor(pairs, device=self.device).unbind(1)
+                out[rows, tokens] = -math.inf
+        if "bias_rows" in t:
+            out.index_put_((t["bias_rows"], t["bias_tokens"]), t["bias_values"], accumulate=True)
+        if self.history is not None:
+            seen = out.gather(1, self.history)  # every token of the prompt or the answer so far, some twice
+            counts = self.counts.gather(1, self.history).to(out.dtype)
+            repeat = t["repetition"]
+            seen = torch.where(seen > 0, seen / repeat, seen * repeat)
+            seen = seen - t["frequency"] * counts - t["presence"] * (counts > 0).to(out.dtype)
+            out.scatter_(1, self.history, seen)
+        return out
+
+    def record(self, tokens: torch.Tensor) -> None:
+        """Add each row's chosen token (B,) to its history."""
+        self.generated = [n + 1 for n in self.generated]
+        if self.history is not None:
+            column = tokens.view(-1, 1).to(self.device, torch.long)
+            self.history = torch.cat([self.history, column], dim=1)
+            self.counts.scatter_add_(1, column, torch.ones_like(column, dtype=self.counts.dtype))
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only the rows ``keep``, in that order."""
+        self.rows = [self.rows[i] for i in keep]
+        self.end_ids = [self.end_ids[i] for i in keep]
+        self.generated = [self.generated[i] for i in keep]
+        if self.history is not None:
+            if any(r.counts_tokens for r in self.rows):
+                index = torch.tensor(list(keep), dtype=torch.long, device=self.device)
+                self.history, self.counts = self.history[index], self.counts[index]
+            else:
+                self.history = self.counts = None
+        self._tensors = None
+
+    def extend(self, other: BatchAdjuster) -> None:
+        """Append the rows of ``other`` (same vocabulary) after these rows."""
+        if self.history is not None or other.history is not None:
+            # Rows without a penalty never change their logits through the history: token 0 stands in for it.
+            mine, theirs = (self.history if self.history is not None else self._no_history(len(self.rows)),
+                            other.history if other.history is not None else self._no_history(len(other.rows)))
+            width = max(mine.shape[1], theirs.shape[1])
+            self.history = torch.cat([_pad_with_first(mine, width), _pad_with_first(theirs, width)])
+            self.counts = torch.cat([self.counts if self.counts is not None else self._no_counts(len(self.rows)),
+                                     other.counts if other.counts is not None else self._no_counts(len(other.rows))])
+        self.rows += other.rows
+        self.end_ids += other.end_ids
+        self.generated += other.generated
+        self._tensors = None
+
+    def _no_counts(self, rows: int) -> torch.Tensor:
+        return torch.zeros(rows, self.vocab_size, dtype=torch.int32, device=self.device)
+
+    def _no_history(self, rows: int) -> torch.Tensor:
+        return torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+
+    def _row_tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The rows' fields as tensors of the logits' dtype, built once per batch composition."""
+        if self._tensors is None or self._tensors["presence"].dtype != dtype:
+            t: dict[str, torch.Tensor] = {}
+            bias = [(i, token, value) for i, r in enumerate(self.rows) for token, value in r.logit_bias]
+            if bias:
+                rows, tokens, values = zip(*bias)
+                t["bias_rows"] = torch.tensor(rows, device=self.device)
+                t["bias_tokens"] = torch.tensor(tokens, device=self.device)
+                t["bias_values"] = torch.tensor(values, dtype=dtype, device=self.device)
+            for name in ("repetition", "frequency", "presence"):
+                values = [getattr(r, f"{name}_penalty") for r in self.rows]
+                t[name] = torch.tensor(values, dtype=dtype, device=self.device).unsqueeze(1)
+            self._tensors = t
+        return self._tensors
+
+
+def _pad_with_first(history: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, L) -> (B, width): each row padded on the left with its own first token (a token it holds anyway)."""
+    if history.shape[1] == width:
+        return history
+    return torch.cat([history[:, :1].expand(-1, width - history.shape[1]), history], dim=1)
