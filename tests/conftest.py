@@ -21,7 +21,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 FUSIONS = ("gate", "concat", "add")
-SOURCES = ("final_norm", "residual")
 
 # Model features the exactness tests are parametrised over (all tiny: 2 layers, d_model 32).
 FEATURES = {

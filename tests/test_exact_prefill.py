@@ -99,3 +99,20 @@ def test_scoring_and_settings():
         DecodeSettings().with_label("fused:exactly")
     with pytest.raises(ValueError, match="'auto' or 'exact'"):
         model.prefill(torch.tensor([[1, 2]]), "sometimes")
+
+
+def test_the_recurrence_continues_a_filled_cache_from_a_carried_state():
+    """``FullBandLM.recurrence`` after a prefix in the cache, its first token fused with the prefix's last top state
+    (as the Hugging Face model's soft decoding feeds several tokens), computes what it computes over the whole
+    sequence; packed documents, which restart at position 0, are refused after a prefix."""
+    model = make_model(dtype=torch.float64, **FEATURES["gate_window"])
+    ids = torch.tensor([PROMPTS[1]])
+    whole = model.recurrence(ids)
+    cache = model.new_cache(1, ids.shape[1])
+    head = model.recurrence(ids[:, :4], past_key_values=cache)
+    rest = model.recurrence(ids[:, 4:], past_key_values=cache, state=head.hidden[:, -1:])
+    assert cache.length == ids.shape[1]
+    torch.testing.assert_close(torch.cat([head.hidden, rest.hidden], dim=1), whole.hidden, atol=1e-12, rtol=0)
+    torch.testing.assert_close(rest.logits, whole.logits[:, 4:], atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="segment_ids .* start at position 0"):
+        model.recurrence(ids[:, :2], past_key_values=cache, segment_ids=torch.zeros(1, 2, dtype=torch.long))

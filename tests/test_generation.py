@@ -6,7 +6,7 @@ import contextlib
 
 import pytest
 import torch
-from conftest import FEATURES, FUSIONS, SOURCES, TEST_BF16, float32_case, make_model, reference_decode
+from conftest import FEATURES, FUSIONS, TEST_BF16, float32_case, make_model, reference_decode
 
 import fullband.generation as generation
 from fullband.generation import generate, generate_stream, sample_next
@@ -39,12 +39,11 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # 2. Soft decoding with the KV cache == uncached recomputation of the recurrence
 
 
-@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("feature", FEATURES)
-def test_soft_decoding_matches_uncached_reference(feature, fusion, source, device):
+def test_soft_decoding_matches_uncached_reference(feature, fusion, device):
     dtype, atol = float32_case(1e-5)
-    model = make_model(dtype=dtype, fusion=fusion, feedback_source=source, **FEATURES[feature]).to(device)
+    model = make_model(dtype=dtype, fusion=fusion, **FEATURES[feature]).to(device)
     torch.manual_seed(20)
     prompt = torch.randint(0, 64, (1, 5)).to(device)
     n = 8  # prompt + generated = 13 > sliding window 4
@@ -86,11 +85,10 @@ def test_standard_decoding_matches_uncached_reference_and_ignores_fusion(feature
 
 
 @pytest.mark.parametrize("n_passes", [1, 2])
-@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fusion", FUSIONS)
-def test_fused_decoding_matches_multipass_and_reference(fusion, source, n_passes, device):
+def test_fused_decoding_matches_multipass_and_reference(fusion, n_passes, device):
     dtype, atol = float32_case(1e-5)
-    model = make_model(dtype=dtype, fusion=fusion, feedback_source=source, **FEATURES["gate_window"]).to(device)
+    model = make_model(dtype=dtype, fusion=fusion, **FEATURES["gate_window"]).to(device)
     torch.manual_seed(22)
     prompt = torch.randint(0, 64, (1, 7)).to(device)
     n = 6

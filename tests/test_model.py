@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FEATURES, FUSIONS, SOURCES, make_model, reference_recurrence, shift, tiny_config
+from conftest import FEATURES, FUSIONS, make_model, reference_recurrence, shift, tiny_config
 
 from fullband import FullBandConfig, FullBandLM, KVCache, sequential_forward
 from fullband.model import RMSNorm
@@ -96,8 +96,7 @@ def ref_forward(sd, cfg: FullBandConfig, ids: torch.Tensor, feedback=None, plain
         x = x + ff @ sd[p + "mlp.down_proj.weight"].T
     normed = ref_rmsnorm(x, sd["norm.weight"], eps)
     head = sd["lm_head.weight"] if "lm_head.weight" in sd else sd["embed.weight"]
-    hidden = normed if cfg.feedback_source == "final_norm" else x
-    return normed @ head.T, hidden
+    return normed @ head.T, normed
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,12 +149,11 @@ def test_rmsnorm_keeps_float64_precision():
     assert torch.equal(norm_bf16(xb), expected_bf16)
 
 
-@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("feature", FEATURES)
-def test_forward_matches_reference_transformer(feature, fusion, source):
+def test_forward_matches_reference_transformer(feature, fusion):
     """float64: the plain pass and a fused pass equal an explicit reference implementation."""
-    model = make_model(dtype=torch.float64, fusion=fusion, feedback_source=source, **FEATURES[feature])
+    model = make_model(dtype=torch.float64, fusion=fusion, **FEATURES[feature])
     cfg = model.config
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     torch.manual_seed(2)
@@ -247,11 +245,10 @@ def test_plain_forward_matches_hf_llama(tied, rope_scaling):
 ATOL64 = 1e-9
 
 
-@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("feature", FEATURES)
-def test_multipass_converges_to_sequential_recurrence(feature, fusion, source, device):
-    model = make_model(dtype=torch.float64, fusion=fusion, feedback_source=source, **FEATURES[feature]).to(device)
+def test_multipass_converges_to_sequential_recurrence(feature, fusion, device):
+    model = make_model(dtype=torch.float64, fusion=fusion, **FEATURES[feature]).to(device)
     T = 10
     torch.manual_seed(4)
     ids = torch.randint(0, 64, (2, T)).to(device)
@@ -488,7 +485,7 @@ def test_per_row_generators_make_rows_independent_of_batching():
         (dict(d_model=30, n_heads=4), "d_model"),
         (dict(n_heads=4, n_kv_heads=3), "n_heads"),
         (dict(fusion="mul"), "fusion"),
-        (dict(feedback_source="top"), "feedback_source"),
+        (dict(feedback_source="residual"), "feedback_source"),
         (dict(gate_init_std=0.0), "gate_init_std"),
     ],
 )

@@ -58,9 +58,8 @@ def test_parse_probe_modes():
             parse_probe_modes(bad)
 
 
-@pytest.mark.parametrize("source", ["final_norm", "residual"])
-def test_layer_states_match_direct_computation(source):
-    model = make_model(dtype=torch.float64, feedback_source=source)
+def test_layer_states_match_direct_computation():
+    model = make_model(dtype=torch.float64)
     torch.manual_seed(1)
     ids = torch.randint(0, 64, (2, 9))
     mask = torch.ones(2, 9, dtype=torch.bool)
@@ -69,7 +68,7 @@ def test_layer_states_match_direct_computation(source):
     states = layer_states(model, ids, mask, 0)
     assert len(states) == model.config.n_layers + 1
     torch.testing.assert_close(states[0], model.embed(ids), rtol=0, atol=0)
-    top = model.norm(states[-1]) if source == "final_norm" else states[-1]
+    top = model.norm(states[-1])
     torch.testing.assert_close(top[mask], plain.hidden[mask], rtol=1e-12, atol=1e-12)
     fused = layer_states(model, ids, mask, 1)
     expected = model.fusion(model.embed(ids), shift(plain.hidden))

@@ -1,4 +1,4 @@
-"""train.exact_mode sequential: the exact recurrence trained token by token (fullband.train.sequential) has the
+"""train.exact_mode sequential: the exact recurrence trained token by token (FullBandLM.recurrence) has the
 loss and gradients of the K-pass Jacobi path with pass_loss last (float64, 1e-10), with packed isolated
 documents, sliding windows and the model's attention variants; a run through the trainer matches the Jacobi
 mode's run step by step; the options it cannot honour are refused."""
@@ -16,13 +16,12 @@ from fullband.generation import sequential_forward
 from fullband.model import plain_positions
 from fullband.train import train
 from fullband.train.objective import multipass_loss, sequential_loss
-from fullband.train.sequential import sequential_states
 
 B, T = 3, 12
 # Row 0: two documents; row 1: one; row 2: four, one of a single token (its own first and last position).
 SEGMENTS = torch.tensor([[0] * 5 + [1] * 7, [0] * 12, [0, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3]])
 VARIANTS = {"full": {}, "window4": dict(sliding_window=4), **FEATURES,
-            "residual_concat": dict(feedback_source="residual", fusion="concat", sliding_window=4)}
+            "concat_window": dict(fusion="concat", sliding_window=4)}
 
 
 def _batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,11 +78,14 @@ def test_packed_documents_need_only_the_longest_document_in_passes(single_thread
 
 @pytest.mark.parametrize("variant", ["full", "gate_window"])
 def test_states_equal_the_cached_decoding_recurrence(single_thread, variant):
-    """Against fullband.generation.sequential_forward (the KV cache, no gradients), an independent implementation."""
+    """With gradients (keys kept per step, StepKeys) against fullband.generation.sequential_forward (the KV cache,
+    no gradients)."""
     ids, _ = _batch(2)
     model = make_model(dtype=torch.float64, **VARIANTS[variant])
     plain = plain_positions(ids, segment_ids=SEGMENTS)
-    logits, hidden = sequential_states(model, ids, plain, SEGMENTS)
+    out = model.recurrence(ids, plain, segment_ids=SEGMENTS)
+    assert out.hidden.requires_grad  # the path that backpropagates
+    logits, hidden = out.logits, out.hidden
     want_logits, want_hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=SEGMENTS)
     torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-10)
     torch.testing.assert_close(hidden, want_hidden, rtol=0, atol=1e-10)

@@ -26,7 +26,7 @@ def build_model(config: FullBandConfig) -> LanguageModel:
 
 
 def stored_arch(directory: str | os.PathLike) -> str:
-    """The arch a model directory's config.json records ("fbt" when it names none: every model before LSTMs)."""
+    """The arch a model directory's config.json records ("fbt" when it names none)."""
     try:
         return json.loads((Path(directory) / CONFIG_NAME).read_text()).get("arch", "fbt")
     except (OSError, ValueError, AttributeError):

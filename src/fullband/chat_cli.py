@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from fullband.cli_options import add_decode_options, add_sampling_field_options, decode_overrides, sampling_field_values
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import DecodeSettings
+from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import load_model
@@ -68,20 +69,14 @@ def run(args: argparse.Namespace) -> None:
                                 f"{model.config.max_seq_len}: start a new conversation")
         stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), decode=decode,
                                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, **fields)
-        produced: list[int] = []
-        shown = ""
+        answer = StreamingDetokenizer(tokenizer)
         if args.message:  # echo scripted turns, so the transcript reads like the interactive one
             sys.stdout.write(f"you> {turn}\n")
         sys.stdout.write("assistant> ")
         for token in stream:
             if int(token[0]) in stop:
                 break
-            produced.append(int(token[0]))
-            text = tokenizer.decode(produced)
-            if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
-        answer = tokenizer.decode(produced)
-        sys.stdout.write(answer[len(shown):] + "\n")
-        messages.append({"role": "assistant", "content": answer})
+            sys.stdout.write(answer.add(int(token[0])))
+            sys.stdout.flush()
+        sys.stdout.write(answer.flush() + "\n")
+        messages.append({"role": "assistant", "content": answer.text})

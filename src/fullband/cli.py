@@ -26,6 +26,7 @@ from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
 from fullband.decoding import DecodeSettings
 from fullband.demo import run_demo
+from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import FullbandError
 from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
@@ -107,21 +108,17 @@ def cmd_generate(args: argparse.Namespace) -> None:
             f"fused_tol {settings.fused_tol:g}: fused({settings.fused_max_passes}), not the converged prefill)")
         print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes{cut}", file=sys.stderr)
     sys.stdout.write(args.prompt)
-    produced: list[int] = []
-    shown = ""
+    answer = StreamingDetokenizer(tokenizer)
     for token in itertools.chain([first] if first is not None else [], stream):
         token_id = int(token[0])
         if token_id in ends:
             break
-        produced.append(token_id)
-        if not args.stream:
-            continue  # decoded once, after the loop
-        text = tokenizer.decode(produced)
-        if not text.endswith("\ufffd"):  # wait for a whole UTF-8 character
-            sys.stdout.write(text[len(shown):])
+        piece = answer.add(token_id)
+        if args.stream and piece:
+            sys.stdout.write(piece)
             sys.stdout.flush()
-            shown = text
-    sys.stdout.write(tokenizer.decode(produced)[len(shown):] + "\n")
+    rest = answer.flush()
+    sys.stdout.write((rest if args.stream else answer.text) + "\n")  # without --stream, all of it at the end
 
 
 def cmd_demo(args: argparse.Namespace) -> None:

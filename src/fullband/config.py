@@ -17,7 +17,7 @@ import yaml
 
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
-from fullband.model import RECURRENT_ARCHS, REMOVED_FIELDS, REMOVED_IN, FullBandConfig
+from fullband.model import RECURRENT_ARCHS, FullBandConfig
 from fullband.schedule import EXACT, EXACT_MODES, PASS_LOSSES, PassSchedule
 
 
@@ -85,7 +85,7 @@ class TrainConfig:
     adam_eps: float = _f(
         1e-8,
         "AdamW epsilon. At a loss near 0 the gradients shrink below it only if it is large enough; with a tiny "
-        "epsilon Adam still takes full-size steps on their noise (seen on state tracking)",
+        "epsilon Adam still takes full-size steps on their noise",
     )
     lr_schedule: str = _f("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
     warmup_steps: int = _f(20, "linear warmup steps")
@@ -149,17 +149,9 @@ class EvalConfig:
     )
 
 
-# Options removed from fullband because they lost in experiments; commit
-# 38f4146 (REMOVED_IN) is the last that has them. A saved run's config.yaml names every field, so a removed
-# field at the value that turned it off is dropped; any other value is an error that names the commit.
-REMOVED_OPTIONS: dict[str, Any] = {
-    **{f"model.{name}": off for name, off in REMOVED_FIELDS.items()},
-    "train.last_pass_loss_from": 1.0,
-    "train.later_pass_weight_ramp": 0.0,
-    "train.fusion_lr_multiplier": 1.0,
-    "train.fusion_warmup_steps": 0,
-}
-REMOVED_PASS_LOSSES = ("first+last",)  # removed model.fusion values: FullBandConfig.validate names the commit
+# Options fullband no longer has: a config that names one is told so, rather than that the option is unknown.
+REMOVED_OPTIONS = ("model.embed_norm", "train.last_pass_loss_from", "train.later_pass_weight_ramp",
+                   "train.fusion_lr_multiplier", "train.fusion_warmup_steps")
 
 SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
 
@@ -202,9 +194,6 @@ class RunConfig:
                 f"train.seq_len={t.seq_len} is longer than model.max_seq_len={self.model.max_seq_len}: "
                 "the model has no positions for it. Lower train.seq_len or raise model.max_seq_len."
             )
-        if t.pass_loss in REMOVED_PASS_LOSSES:
-            raise ConfigError(f"train.pass_loss={t.pass_loss!r} was removed from fullband (it lost in "
-                              f"experiments); commit {REMOVED_IN} is the last that has it")
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
                    "parallel": ("ddp", "fsdp"), "checkpoint_format": ("auto", "dcp", "full"),
                    "dtype": ("auto", "float32", "bfloat16"),
@@ -410,15 +399,6 @@ def _parse_json(text: str, where: str) -> Any:
             raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({reason})") from None
 
 
-def _check_removed(name: str, value: Any, from_cli: bool) -> None:
-    """A removed option may only hold the value that turned it off (as every saved run config of the runs
-    that did not use it does)."""
-    off = REMOVED_OPTIONS[name]
-    if coerce(value, type(off), name, from_cli) != off:
-        raise ConfigError(f"{name}={value!r}: this option was removed from fullband (it lost in "
-                          f"experiments); commit {REMOVED_IN} is the last that has it")
-
-
 def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, source: str = "config") -> RunConfig:
     """Build a RunConfig from nested dict values (a YAML file) plus ``section.field`` string overrides.
     Unknown sections or keys and values of the wrong type raise ConfigError."""
@@ -447,8 +427,8 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         kwargs = {}
         for key, (value, from_cli) in values[section].items():
             if f"{section}.{key}" in REMOVED_OPTIONS:
-                _check_removed(f"{section}.{key}", value, from_cli)
-                continue
+                where = f"--{section}.{key}" if from_cli else f"{source}: {section}.{key}"
+                raise ConfigError(f"{where}: this option was removed from fullband; leave it out")
             if key not in known:
                 close = [k for k in sorted(known) if k.startswith(key[:3])]
                 hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -505,7 +485,7 @@ MODEL_HELP = {
     "full_attention_every": "with a window: every n-th layer keeps full attention (0 = none)",
     "tie_embeddings": "tie input and output embeddings (the paper's stability recipe)",
     "fusion": "how the fed-back state meets the embedding: gate (paper Eq. 4), concat or add",
-    "feedback_source": "final_norm (after the final RMSNorm) or residual (pre-norm residual stream)",
+    "feedback_source": "the state fed back: final_norm (the top hidden state after the final RMSNorm)",
     "feedback_jitter": "σ of the uniform jitter added to the carried state in training",
     "init_std": "standard deviation of the normal initialisation of linear and embedding weights",
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",

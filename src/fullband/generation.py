@@ -28,9 +28,9 @@ from fullband.architectures import LanguageModel
 from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.deltaproduct import DeltaState
 from fullband.kv_cache import KVCache
-from fullband.model import FullBandLM, ModelOutput, segment_positions
+from fullband.model import FullBandLM, ModelOutput, mask_positions
 from fullband.recurrent import RecurrentState
-from fullband.sampling import BatchAdjuster, LogitsAdjustments, check_token_ids
+from fullband.sampling import BatchAdjuster, LogitsAdjustments, RequestLimits, check_request, check_token_ids
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
            "score_continuations", "sequential_forward"]
@@ -119,28 +119,8 @@ def decode_settings(
     return settings
 
 
-def _check_args(model, ids, max_new_tokens, temperature, top_k, top_p) -> None:
-    config = model.config
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    bad = (ids < 0) | (ids >= config.vocab_size)
-    if bool(bad.any()):
-        raise ValueError(
-            f"token id {int(ids[bad][0])} is outside the vocabulary [0, {config.vocab_size}); "
-            "was the prompt encoded with this model's tokenizer?"
-        )
-    total = ids.shape[1] + max_new_tokens
-    if total > config.max_seq_len:
-        raise ValueError(
-            f"prompt length {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} exceeds the model's "
-            f"max_seq_len {config.max_seq_len}; shorten the prompt or ask for fewer tokens"
-        )
+# What generate allows beyond the model's limits (fullband.sampling.check_request): a call may ask for no token.
+LIMITS = RequestLimits(max_tokens_name="max_new_tokens", context_name="max_seq_len", min_max_tokens=0)
 
 
 def _prefill_prompts(
@@ -155,7 +135,7 @@ def _prefill_prompts(
     Returns the prefill output (last position's logits, every position's states), the cache and each
     row's next RoPE position (B, 1)."""
     B, T = ids.shape
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    positions = mask_positions(mask)
     cache = model.new_cache(B, T + new_tokens)
     out = model.prefill(
         ids,
@@ -209,11 +189,11 @@ def generate_stream(
     settings = decode_settings(model, decode, mode, fused_passes, fused_tol, fused_max_passes)
     ids, mask = left_pad(input_ids, attention_mask)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, max_new_tokens, temperature, top_k, top_p)
     vocab_size = model.config.vocab_size
-    adjustments = LogitsAdjustments.of(vocab_size, max_new_tokens, logit_bias, presence_penalty, frequency_penalty,
+    adjustments = LogitsAdjustments.of(vocab_size, None, logit_bias, presence_penalty, frequency_penalty,
                                        repetition_penalty, min_tokens)
     end_ids = check_token_ids("stop_token_ids", stop_token_ids, vocab_size)
+    check_request(model.config, ids, max_new_tokens, temperature, top_k, top_p, adjustments, end_ids, limits=LIMITS)
     if eos_token_id is not None:
         end_ids = tuple(dict.fromkeys([eos_token_id, *end_ids]))
     if max_new_tokens == 0:
@@ -324,14 +304,14 @@ def score_continuations(
         return _score_prefill(model, contexts, continuations, settings)
     ids, mask = left_pad(contexts)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, 0, 0.0, None, None)
+    check_request(model.config, ids, 0, limits=LIMITS)
     lengths = [len(c) for c in continuations]
     L = max(lengths)
     cont = torch.zeros(len(continuations), L, dtype=torch.long)
     for i, c in enumerate(continuations):
         cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
     cont = cont.to(model.device)
-    _check_args(model, cont, 0, 0.0, None, None)
+    check_request(model.config, cont, 0, limits=LIMITS)
     out, cache, next_position = _prefill_prompts(model, ids, mask, L - 1, settings)
     if settings.mode == "standard" and L > 1:
         rest = model(cont[:, :-1], position_ids=next_position + torch.arange(L - 1, device=model.device),
@@ -357,7 +337,7 @@ def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
     full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
     ids, mask = left_pad(full)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    _check_args(model, ids, 0, 0.0, None, None)
+    check_request(model.config, ids, 0, limits=LIMITS)
     out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, fused_tol=settings.fused_tol,
                         fused_max_passes=settings.fused_max_passes)
     W = ids.shape[1]
@@ -386,27 +366,11 @@ def sequential_forward(
     segment_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact recurrence (docs/method.md §2) over a given sequence (teacher forcing), one token at a time
-    with the KV cache: position t is fused with h_{t-1} unless it is position 0 or in ``plain_mask``.
-    ``segment_ids``: packed documents that do not see each other (as in ``FullBandLM.forward``); the
-    caller marks their first positions plain.
+    with a KV cache (``FullBandLM.recurrence``): position t is fused with h_{t-1} unless it is position 0 or in
+    ``plain_mask``. ``segment_ids``: packed documents that do not see each other (as in ``FullBandLM.forward``);
+    the caller marks their first positions plain.
 
     Returns (logits (B, T, V), hidden (B, T, D)). This is the limit that K >= T passes converge to.
     """
-    B, T = input_ids.shape
-    cache = KVCache(model.config, B, T, model.device, model.embed.weight.dtype)
-    positions = None if segment_ids is None else segment_positions(segment_ids)
-    logits, hidden = [], []
-    state = None
-    for t in range(T):
-        plain = None if plain_mask is None else plain_mask[:, t : t + 1]
-        kwargs = {}
-        if segment_ids is not None:
-            # The one query of this step sees exactly the cached keys of its own document.
-            cache.mask_keys(segment_ids[:, : t + 1] == segment_ids[:, t : t + 1], start=0)
-            kwargs["position_ids"] = positions[:, t : t + 1]
-        out = model(input_ids[:, t : t + 1], feedback=state, plain_mask=plain, past_key_values=cache, use_cache=True,
-                    **kwargs)
-        logits.append(out.logits)
-        hidden.append(out.hidden)
-        state = out.hidden
-    return torch.cat(logits, dim=1), torch.cat(hidden, dim=1)
+    out = model.recurrence(input_ids, plain_mask, segment_ids=segment_ids)
+    return out.logits, out.hidden

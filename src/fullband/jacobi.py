@@ -26,7 +26,7 @@ from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
 from fullband.generation import sequential_forward
 from fullband.loading import load_model_and_data
-from fullband.model import FullBandLM, shift_right
+from fullband.model import FullBandLM, plain_positions, shift_right
 
 
 @dataclass
@@ -73,10 +73,7 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
         B, T = ids.shape
         curve.sequences += B
         curve.seq_len = T
-        plain = batch.plain_mask.clone()
-        plain[:, 0] = True
-        if batch.segment_ids is not None:  # isolated documents start plain, as in FullBandLM.multipass
-            plain[:, 1:] |= batch.segment_ids[:, 1:] != batch.segment_ids[:, :-1]
+        plain = plain_positions(ids, batch.plain_mask, segment_ids=batch.segment_ids)
         valid = targets != IGNORE_INDEX
         seq_losses = seq_hidden = None
         if sequential:

@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from fullband.decoding import DecodeSettings
 from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
+from fullband.stop_strings import first_stop, tokens_until_stop
 
 log = logging.getLogger(__name__)
 
@@ -230,31 +231,11 @@ class FullbandLM(TemplateLM):
     def _generate(self, prompts: list[list[int]], until: list[str], max_gen_toks: int, options: dict) -> list[str]:
         """Decode a batch until every row has produced EOS or one of the ``until`` strings."""
         eos = self.tokenizer_fb.eos_id
-        produced: list[list[int]] = [[] for _ in prompts]
-        done = [False] * len(prompts)
         stream = generate_stream(
             self.model, prompts, max_gen_toks, decode=self.decode, eos_token_id=eos, **options,
         )
-        for tokens in stream:
-            for row, token in enumerate(tokens.tolist()):
-                if done[row]:
-                    continue
-                if token == eos:
-                    done[row] = True
-                    continue
-                produced[row].append(token)
-                if until and _stop_at(self.tok_decode(produced[row]), until) is not None:
-                    done[row] = True
-            if all(done):
-                break
-        texts = [self.tok_decode(ids) for ids in produced]
-        return [text[: _stop_at(text, until)] for text in texts]
-
-
-def _stop_at(text: str, until: list[str]) -> int | None:
-    """Index of the earliest stop string in ``text`` (None if none occurs)."""
-    hits = [text.find(s) for s in until if s and s in text]
-    return min(hits) if hits else None
+        texts = [self.tok_decode(ids) for ids in tokens_until_stop(stream, len(prompts), eos, self.tok_decode, until)]
+        return [text[: first_stop(text, until)] for text in texts]
 
 
 def lm_eval_main(argv: list[str]) -> None:

@@ -69,7 +69,7 @@ def fill_decode_defaults(model: LanguageModel, model_dir: Path) -> None:
     try:
         parsed = PassSchedule.parse(schedule)
     except ConfigError:
-        return  # a schedule this version no longer knows: standard, the safe mode for any model
+        return  # a schedule fullband does not know: standard, the safe mode for any model
     settings = DecodeSettings.trained_with(parsed, model.config.max_seq_len)
     settings.store_in(model)
 

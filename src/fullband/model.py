@@ -41,13 +41,9 @@ FUSIONS = ("gate", "concat", "add")
 # How the fusion's weights start: "random" (normal, like every other weight; the paper) or "identity" (add only:
 # W = 0, so e ⊗ h = e and every decode mode computes exactly the standard model until training moves W).
 FUSION_INITS = ("random", "identity")
-FEEDBACK_SOURCES = ("final_norm", "residual")
+# The state fed back is the top hidden state after the final RMSNorm, the one the head reads.
+FEEDBACK_SOURCES = ("final_norm",)
 ROPE_TYPES = ("default", "linear", "llama3")
-# Recipe options that lost in experiments and were removed; commit 38f4146 is the last that has them.
-# An old config.json that names them still loads where it used the paper's setting.
-REMOVED_IN = "38f4146"
-REMOVED_FIELDS = {"embed_norm": False}  # field -> the only value a model of this code can have
-REMOVED_FUSIONS = ("gate_token",)
 CONFIG_NAME = "config.json"
 # Adaptive fused prefill (prefill(fused_passes="auto")): stop when no real prompt position's top state
 # moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
@@ -81,9 +77,7 @@ class FullBandConfig:
     feedback_source: str = "final_norm"
     feedback_jitter: float = 0.02
     init_std: float = 0.02
-    # W_G's init std (gate fusions); None = init_std. At 0.02 the token moves each gate by a few percent, and
-    # a recurrence trained on its exact pass alone then sits at chance for long on parity, sum mod k, flip-flop.
-    gate_init_std: float | None = None
+    gate_init_std: float | None = None  # W_G's init std (gate fusions); None = init_std
     fusion_init: str = "random"
     # "fbt" (FullBandLM) or "lstm" (fullband.recurrent.LSTMLM: embedding, torch's nn.LSTM of n_layers layers of
     # width d_model, RMSNorm and the head; the attention and fusion fields do not apply to it). config.json
@@ -132,9 +126,6 @@ class FullBandConfig:
             self._fail("n_heads", f"must be a multiple of n_kv_heads={self.n_kv_heads}")
         if self.resolved_head_dim % 2:
             self._fail("d_model", "d_model // n_heads must be even (RoPE rotates pairs)")
-        if self.fusion in REMOVED_FUSIONS:
-            self._fail("fusion", f"this fusion was removed from fullband; commit {REMOVED_IN} is the last that has it "
-                                 f"(allowed values now: {', '.join(FUSIONS)})")
         if self.fusion not in FUSIONS:
             self._fail("fusion", f"allowed values: {', '.join(FUSIONS)}")
         if self.fusion_init not in FUSION_INITS:
@@ -185,11 +176,6 @@ class FullBandConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FullBandConfig:
-        data = dict(data)
-        for name, only in REMOVED_FIELDS.items():
-            if name in data and data.pop(name) != only:
-                raise ValueError(f"FullBandConfig.{name}: this option was removed from fullband and the model uses "
-                                 f"it; commit {REMOVED_IN} is the last that can run it")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -370,7 +356,7 @@ class Fusion(nn.Module):
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # (B, T, V)
-    hidden: torch.Tensor  # (B, T, D): the state that would be fed back, per config.feedback_source
+    hidden: torch.Tensor  # (B, T, D): the top states after the final norm, the ones fed back
     past_key_values: KVCache | None = None
     passes: torch.Tensor | None = None  # prefill only: (B,) fused passes each row ran (fixed n or adaptive)
     # prefill with fused_passes="auto" only: (B,) whether the row's states met fused_tol (False: it was cut
@@ -382,6 +368,37 @@ class ModelOutput:
 class MultipassOutput:
     logits: list[torch.Tensor]  # one (B, T, V) tensor per pass
     hidden: list[torch.Tensor]  # one (B, T, D) tensor per pass
+
+
+class StepKeys:
+    """The keys and values of ``FullBandLM.recurrence``'s steps when it backpropagates: one tensor per step and layer,
+    never written after it is read. Autograd saves what attention reads, so a KV cache's in-place writes into one
+    preallocated tensor would invalidate the saved tensors of earlier steps. ``update`` joins only the keys the
+    layer's query may see (its sliding window), so a windowed layer copies at most ``window`` keys per step."""
+
+    def __init__(self, model: FullBandLM):
+        self.windows = [block.attn.window for block in model.layers]
+        self.keys: list[list[torch.Tensor]] = [[] for _ in model.layers]
+        self.values: list[list[torch.Tensor]] = [[] for _ in model.layers]
+        self.length = 0  # steps every layer has written (advanced after the last layer)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add this step's (B, H_kv, 1, hd) key and value; return those the step's query attends to."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys.append(k)
+        values.append(v)
+        first = first_visible(self.length, self.windows[layer])
+        if first == self.length:
+            return k, v
+        return torch.cat(keys[first:], dim=2), torch.cat(values[first:], dim=2)
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+def first_visible(query: int, window: int | None) -> int:
+    """The first key position a query at position ``query`` sees in a layer with this window (None: all keys)."""
+    return 0 if window is None else max(0, query - window + 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -493,7 +510,7 @@ class FullBandLM(nn.Module):
             raise ValueError("segment_ids (packed, isolated documents) is for training and scoring; it cannot "
                              "be combined with a KV cache")
         if use_cache and cache is None:
-            cache = KVCache(self.config, B, self.config.max_seq_len, self.device, self.embed.weight.dtype)
+            cache = self.new_cache(B, self.config.max_seq_len)
         start = cache.length if cache is not None else 0
 
         x = self.embed(input_ids)
@@ -521,11 +538,14 @@ class FullBandLM(nn.Module):
         if cache is not None:
             cache.advance(T)
 
-        normed = self.norm(x)
-        hidden = normed if self.config.feedback_source == "final_norm" else x
+        hidden = self.norm(x)
+        return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden,
+                           past_key_values=cache if use_cache else None)
+
+    def head(self, hidden: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """The logits of (B, T, D) top states, of the last ``logits_to_keep`` positions only (0: all)."""
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
-        return ModelOutput(logits=logits, hidden=hidden, past_key_values=cache if use_cache else None)
+        return F.linear(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, weight)
 
     def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions; angles in float32."""
@@ -572,7 +592,7 @@ class FullBandLM(nn.Module):
             raise ValueError(f"fused_tol must be >= 0, got {fused_tol!r}")
         B, T = input_ids.shape
         if position_ids is None and attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+            position_ids = mask_positions(attention_mask)
         kwargs = dict(attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
                       use_cache=use_cache, logits_to_keep=logits_to_keep)
         start = past_key_values.length if past_key_values is not None else 0
@@ -581,13 +601,8 @@ class FullBandLM(nn.Module):
         if n_passes == 0:
             out.passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
             return out
-        plain = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
-        plain[:, 0] = True
-        if position_ids is not None:
-            plain |= position_ids == 0
-        if attention_mask is not None:
-            plain |= ~attention_mask.to(torch.bool)
         real = None if attention_mask is None else attention_mask.to(torch.bool)
+        plain = prompt_plain(input_ids, real, position_ids)
         passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         feedback = shift_right(out.hidden)
@@ -620,40 +635,108 @@ class FullBandLM(nn.Module):
         use_cache: bool,
         logits_to_keep: int,
     ) -> ModelOutput:
-        """The prompt through the exact recurrence: position t fused with the top state of t - 1, one decode step
-        per token, as soft decoding feeds generated tokens. Padding and each row's first real token (and the
-        prompt's first position, as in a fused pass) stay plain. Without a cache a temporary one is used."""
+        """The prompt through the exact recurrence (``recurrence``), as soft decoding feeds generated tokens.
+        Padding and each row's first real token (and the prompt's first position, as in a fused pass) stay plain.
+        Without a cache a temporary one is used (with ``use_cache``, one of max_seq_len positions, as ``forward``
+        makes)."""
         B, T = input_ids.shape
-        cache = past_key_values if past_key_values is not None else self.new_cache(B, T)
-        start = cache.length
+        cache = past_key_values
+        if cache is None:
+            cache = self.new_cache(B, self.config.max_seq_len if use_cache else T)
         real = None
         if attention_mask is not None:
             real = attention_mask.to(device=input_ids.device, dtype=torch.bool)
-            real = real[:, start:] if real.shape[1] == start + T else real
+            real = real[:, cache.length :] if real.shape[1] == cache.length + T else real
             if position_ids is None:
-                position_ids = (real.long().cumsum(dim=1) - 1).clamp(min=0)
-            cache.mask_keys(real)  # marks the columns the steps below write, so no step needs the mask again
-        plain = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
-        plain[:, 0] = True
-        if position_ids is not None:
-            plain |= position_ids == 0
-        if real is not None:
-            plain |= ~real
-        logits, hidden = [], []
-        state = None
-        for t in range(T):
-            out = self(input_ids[:, t : t + 1], feedback=state, plain_mask=plain[:, t : t + 1],
-                       position_ids=None if position_ids is None else position_ids[:, t : t + 1],
-                       past_key_values=cache, use_cache=True)
-            if not logits_to_keep or t >= T - logits_to_keep:
-                logits.append(out.logits)
-            hidden.append(out.hidden)
-            state = out.hidden
-        out = ModelOutput(logits=torch.cat(logits, dim=1), hidden=torch.cat(hidden, dim=1),
-                          past_key_values=cache if use_cache else None)
+                position_ids = mask_positions(real)
+        out = self.recurrence(input_ids, prompt_plain(input_ids, real, position_ids), cache, attention_mask=real,
+                              position_ids=position_ids, logits_to_keep=logits_to_keep)
+        out.past_key_values = cache if use_cache else None
         tokens = torch.full((B,), T, device=input_ids.device) if real is None else real.sum(dim=1)
         out.passes = (tokens - 1).clamp(min=0)
         return out
+
+    def recurrence(
+        self,
+        input_ids: torch.Tensor,
+        plain_mask: torch.Tensor | None = None,
+        past_key_values: KVCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
+    ) -> ModelOutput:
+        """The exact recurrence (docs/method.md §2) over ``input_ids`` (B, T), teacher-forced, one token step at a
+        time: position t is fused with the top state of position t - 1, computed in the step before, unless
+        ``plain_mask`` (B, T) marks it. The first step is fused with ``state`` (B, 1, D), the top state before
+        ``input_ids`` (None: it is plain). T steps cost the FLOPs of one pass over T tokens; it is the limit that
+        K >= T Jacobi passes (``iterate_passes``, jitter 0) converge to. Exact prefill, ``sequential_forward``,
+        sequential training and the Hugging Face model's soft decoding all run it.
+
+        The steps attend to, and write into, ``past_key_values`` (after the keys it already holds). Without one
+        they use a temporary cache, or with gradients enabled a ``StepKeys``, which never writes a tensor that
+        autograd has saved. ``attention_mask`` (B, T): the real tokens of left-padded rows (padding is never
+        attended to). ``position_ids`` (B, T): RoPE positions (default: the cache length + arange(T)).
+        ``segment_ids`` (B, T): packed documents that do not see each other, positions restarting at each run
+        (the caller marks each run's first position plain, see ``plain_positions``); not with a filled cache.
+        ``logits_to_keep``: as in ``forward``. The top states go through the final norm and the head once, over
+        all positions, not T times."""
+        B, T = input_ids.shape
+        keys = past_key_values
+        if keys is None:
+            keys = StepKeys(self) if torch.is_grad_enabled() else self.new_cache(B, T)
+        start = keys.length
+        if segment_ids is not None and start:
+            raise ValueError("segment_ids (packed, isolated documents) start at position 0: the recurrence cannot "
+                             f"run them after the {start} positions the cache already holds")
+        device = input_ids.device
+        real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
+        # (B, start + T): which keys are real tokens (None: all of them). A cache keeps the mark for later steps.
+        if isinstance(keys, KVCache):
+            if real is not None:
+                keys.mask_keys(real)
+            real_keys = keys.key_mask_through(start + T)
+        else:
+            real_keys = None if real is None or bool(real.all()) else real
+        if position_ids is None:
+            position_ids = (segment_positions(segment_ids) if segment_ids is not None
+                            else torch.arange(start, start + T, device=device).expand(B, T))
+        embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
+        cos, sin = self.rotary(position_ids, embedded.dtype)
+        column = torch.arange(start + T, device=device)
+        itself = torch.ones(B, 1, dtype=torch.bool, device=device)
+        tops = []
+        for t in range(T):
+            x = embedded[:, t : t + 1]
+            if state is not None:
+                fused = self.fusion(x, state.to(x.dtype))
+                x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
+            q = start + t  # this step's column
+            masks: dict[int | None, torch.Tensor | None] = {}
+            for window in self._windows:
+                # The keys the store returns: a StepKeys only those inside the window, a cache all of them.
+                first = first_visible(q, window) if isinstance(keys, StepKeys) else 0
+                parts = [] if window is None or q - first < window else [column[first:q] > q - window]
+                if real_keys is not None:
+                    parts.append(real_keys[:, first:q])
+                if segment_ids is not None:  # the keys of the query's own document
+                    parts.append(segment_ids[:, first:q] == segment_ids[:, t : t + 1])
+                if not parts:
+                    masks[window] = None  # the one query sees every key returned (SDPA's unmasked path)
+                    continue
+                allowed = parts[0]
+                for part in parts[1:]:
+                    allowed = allowed & part
+                # A query always sees itself, so a padding row never has every key masked (NaN in SDPA).
+                masks[window] = torch.cat([allowed.expand(B, -1), itself], dim=1)[:, None, None]
+            for block in self.layers:
+                x = block(x, cos[:, :, t : t + 1], sin[:, :, t : t + 1], masks, keys)
+            keys.advance(1)
+            state = self.norm(x)
+            tops.append(state)
+        hidden = torch.cat(tops, dim=1)
+        return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
 
     def _attention_masks(
         self, B, T, start, attention_mask, cache, segment_ids=None
@@ -880,6 +963,21 @@ def plain_positions(
         p = (uniform((B, 1), generator, device, torch.float64) * max_prefix).floor()
         plain |= torch.arange(T, device=device).unsqueeze(0) <= p
     return plain
+
+
+def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) RoPE positions of left-padded rows from their (B, T) attention mask (1 = real token): each row's real
+    tokens count from 0, so a row's result does not depend on its padding; padding takes 0 (never attended to)."""
+    return (attention_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def prompt_plain(input_ids: torch.Tensor, real: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+    """(B, T) bool: the prompt positions that a fused or exact prefill keeps plain: position 0, padding (``real``
+    False) and each row's first token (RoPE position 0)."""
+    plain = None if position_ids is None else position_ids == 0
+    if real is not None:
+        plain = ~real if plain is None else plain | ~real
+    return plain_positions(input_ids, plain)
 
 
 def max_relative_change(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

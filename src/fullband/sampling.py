@@ -14,6 +14,10 @@ They apply in vLLM's order (min_tokens, logit_bias, repetition, frequency and pr
 top-k and top-p, so greedy decoding takes the argmax of the adjusted logits.
 ``BatchAdjuster`` keeps what the fields need per row (its tokens so far, counts of the generated ones), so the rows
 of one batch may each carry their own fields: a row's adjusted logits never depend on the other rows.
+
+``check_request`` is the one check of a request's parameters (prompt, token budget, temperature, top-k, top-p, the
+fields above, stop token ids, log-probabilities) for every door; what a door allows beyond the model's own limits
+is its ``RequestLimits``. A refused parameter raises ``RequestError``, whose ``param`` names it as data.
 """
 
 from __future__ import annotations
@@ -22,17 +26,96 @@ import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["BatchAdjuster", "LogitsAdjustments", "check_token_ids"]
+from fullband.errors import FullbandError
+
+__all__ = ["BatchAdjuster", "LogitsAdjustments", "RequestError", "RequestLimits", "check_request", "check_token_ids"]
 
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
+MAX_TOP_LOGPROBS = 20
+
+
+class RequestError(FullbandError):
+    """A request parameter that cannot be used. ``param`` names it as the caller spelled it (None: no single
+    parameter), so that a door reports it (the server's error body carries it) without reading the message."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one door allows beyond the model's own limits, and its names for the parameters it calls otherwise."""
+
+    max_temperature: float = math.inf  # the server: 2, OpenAI's range
+    max_logprobs: int = MAX_TOP_LOGPROBS  # how many top log-probabilities a token may come with
+    logprobs_name: str = "logprobs"
+    max_tokens_name: str = "max_tokens"
+    context_name: str = "context length"  # generate: max_seq_len, the model config's name
+    min_max_tokens: int = 1  # generate: 0, a call that asks for no token
+    top_k_every: tuple[int, ...] = ()  # top_k values that mean every token (the server: -1 and 0, as in vLLM)
+
+
+def check_request(
+    config: Any,
+    prompts: torch.Tensor | Sequence[Sequence[int]],
+    max_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    adjustments: LogitsAdjustments | None = None,
+    stop_token_ids: Iterable[int] = (),
+    logprobs: int | None = None,
+    limits: RequestLimits = RequestLimits(),
+) -> None:
+    """Raise ``RequestError`` naming the first parameter that a model of ``config`` (its ``vocab_size`` and
+    ``max_seq_len``) cannot serve. ``prompts``: token-id rows, or a (B, T) tensor of rows padded with valid ids;
+    ``max_tokens``: the tokens to generate after each; ``logprobs``: the top log-probabilities asked per token."""
+    budget = limits.max_tokens_name
+    if max_tokens < limits.min_max_tokens:
+        raise RequestError(f"{budget} must be >= {limits.min_max_tokens}, got {max_tokens}", budget)
+    if not 0 <= temperature <= limits.max_temperature:  # also refuses NaN
+        allowed = f"in [0, {limits.max_temperature:g}]" if math.isfinite(limits.max_temperature) else ">= 0"
+        raise RequestError(f"temperature must be {allowed} (0 = greedy), got {temperature}", "temperature")
+    if top_k is not None and top_k < 1 and top_k not in limits.top_k_every:
+        every = " or ".join(str(k) for k in limits.top_k_every) or "None"
+        raise RequestError(f"top_k must be >= 1, or {every} for every token, got {top_k}", "top_k")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    adjustments = adjustments or LogitsAdjustments()
+    _check_min_tokens(adjustments.min_tokens, max_tokens)
+    if logprobs is not None and not 0 <= logprobs <= limits.max_logprobs:
+        raise RequestError(f"{limits.logprobs_name} must be between 0 and {limits.max_logprobs}, got {logprobs}",
+                           limits.logprobs_name)
+    vocab_size = config.vocab_size
+    if isinstance(prompts, torch.Tensor):
+        length, outside = prompts.shape[-1], (prompts < 0) | (prompts >= vocab_size)
+        bad = int(prompts[outside][0]) if bool(outside.any()) else None
+    else:
+        if any(len(row) == 0 for row in prompts):
+            raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
+        length = max(len(row) for row in prompts)
+        bad = next((token for row in prompts for token in row if not 0 <= token < vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size}) (ids outside the "
+                           "vocabulary have no embedding); was the prompt encoded with this model's tokenizer?",
+                           "prompt")
+    check_token_ids("stop_token_ids", stop_token_ids, vocab_size)
+    check_token_ids("logit_bias", (token for token, _ in adjustments.logit_bias), vocab_size)
+    total = length + max_tokens
+    if total > config.max_seq_len:
+        raise RequestError(f"the prompt ({length} tokens) plus {budget} ({max_tokens}) = {total} exceeds the "
+                           f"model's {limits.context_name} {config.max_seq_len}; shorten the prompt or lower {budget}",
+                           budget)
 
 
 def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int, ...]:
-    """``ids`` as a tuple of ints, each a token id of a vocabulary of ``vocab_size``; ValueError naming ``name``."""
+    """``ids`` as a tuple of ints, each a token id of a vocabulary of ``vocab_size``; RequestError naming ``name``."""
     out = []
     for item in ids:
         try:  # ints, and integer numpy or 0-d torch values
@@ -40,9 +123,9 @@ def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int
         except TypeError:
             token = None
         if token is None:
-            raise ValueError(f"{name} must hold integer token ids, got {item!r}")
+            raise RequestError(f"{name} must hold integer token ids, got {item!r}", name)
         if not 0 <= token < vocab_size:
-            raise ValueError(f"{name}: token id {token} is outside the model's vocabulary [0, {vocab_size})")
+            raise RequestError(f"{name}: token id {token} is outside the model's vocabulary [0, {vocab_size})", name)
         out.append(token)
     return tuple(out)
 
@@ -69,28 +152,28 @@ class LogitsAdjustments:
         repetition_penalty: float = 1.0,
         min_tokens: int = 0,
     ) -> LogitsAdjustments:
-        """The fields, checked: ValueError naming the field and its allowed range when one is out of it.
+        """The fields, checked: RequestError naming the field and its allowed range when one is out of it.
         ``logit_bias`` keys may be ints or the strings of ints (JSON object keys); ``max_tokens`` bounds min_tokens."""
         for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
             if not _is_number(value) or not -MAX_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY:
-                raise ValueError(f"{name} must be a number in [-{MAX_OPENAI_PENALTY:g}, {MAX_OPENAI_PENALTY:g}] "
-                                 f"(0 = off), got {value!r}")
+                raise RequestError(f"{name} must be a number in [-{MAX_OPENAI_PENALTY:g}, {MAX_OPENAI_PENALTY:g}] "
+                                   f"(0 = off), got {value!r}", name)
         if not _is_number(repetition_penalty) or not 0 < repetition_penalty < math.inf:
-            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 = off, > 1 discourages "
-                             f"repeating), got {repetition_penalty!r}")
+            raise RequestError(f"repetition_penalty must be a finite number > 0 (1 = off, > 1 discourages "
+                               f"repeating), got {repetition_penalty!r}", "repetition_penalty")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
-            raise ValueError(f"min_tokens must be an integer >= 0, got {min_tokens!r}")
-        if max_tokens is not None and min_tokens > max_tokens:
-            raise ValueError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})")
+            raise RequestError(f"min_tokens must be an integer >= 0, got {min_tokens!r}", "min_tokens")
+        if max_tokens is not None:
+            _check_min_tokens(min_tokens, max_tokens)
         bias: dict[int, float] = {}
         for key, value in (logit_bias or {}).items():
             token = _token_key(key)
             check_token_ids("logit_bias", [token], vocab_size)
             if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
-                                 f"{MAX_LOGIT_BIAS:g}], got {value!r}")
+                raise RequestError(f"logit_bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
+                                   f"{MAX_LOGIT_BIAS:g}], got {value!r}", "logit_bias")
             if token in bias:
-                raise ValueError(f"logit_bias names token {token} twice")
+                raise RequestError(f"logit_bias names token {token} twice", "logit_bias")
             bias[token] = float(value)
         return cls(tuple(bias.items()), float(presence_penalty), float(frequency_penalty), float(repetition_penalty),
                    min_tokens)
@@ -105,6 +188,11 @@ class LogitsAdjustments:
         return self.counts_tokens or bool(self.logit_bias) or self.min_tokens > 0
 
 
+def _check_min_tokens(min_tokens: int, max_tokens: int) -> None:
+    if min_tokens > max_tokens:
+        raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
+
+
 def _is_number(value: object) -> bool:
     """An int or a float other than NaN (a bool is not a number here)."""
     if isinstance(value, bool):
@@ -117,7 +205,8 @@ def _token_key(key: int | str) -> int:
         return key
     if isinstance(key, str) and key.strip().lstrip("-").isdigit():
         return int(key)
-    raise ValueError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got {key!r}")
+    raise RequestError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got {key!r}",
+                       "logit_bias")
 
 
 class BatchAdjuster:

@@ -23,8 +23,7 @@ PRESETS: dict[str, list[dict[str, Any]]] = {
     # The 100B run: 75% 1-pass, 25% 3-pass.
     "paper-100b": [{"until": 0.75, "passes": {1: 1.0}}, {"until": 1.0, "passes": {3: 1.0}}],
     "standard": [{"until": 1.0, "passes": {1: 1.0}}],
-    # Not the paper's: its late-phase mix from the first step (2.12 mean passes). At CPU scale its feedback map
-    # contracts on addition where the paper's schedule's does not; default stays paper.
+    # Not the paper's: its late-phase mix from the first step (2.12 mean passes).
     "feedback-from-start": [{"until": 1.0, "passes": {2: 0.88, 3: 0.12}}],
 }
 
@@ -37,7 +36,7 @@ class Phase:
 
 EXACT = "exact"
 # How the exact schedule computes its last pass (train.exact_mode): "jacobi", K passes over every position, or
-# "sequential", the recurrence token by token (fullband.train.sequential).
+# "sequential", the recurrence token by token (FullBandLM.recurrence).
 EXACT_MODES = ("jacobi", "sequential")
 
 # Which passes carry the loss: "paper" is Eq. 12, L1 + λ·mean(L2..LK); "last" is LK alone (with the exact

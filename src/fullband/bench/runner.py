@@ -26,6 +26,7 @@ from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import encode_prompt
+from fullband.stop_strings import tokens_until_stop
 
 SAMPLES = "samples.jsonl"
 RESULTS_JSON = "results.json"
@@ -127,22 +128,9 @@ def generate_batch(
 
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
-    rows: list[list[int]] = [[] for _ in prompts]
-    finished = [False] * len(prompts)
-    long_stops = [s for s in task.stop if len(s) > 1]
     stream = generate_stream(model, prompts, max_new_tokens, eos_token_id=eos, stats=stats, **kwargs)
-    for step in stream:
-        for i, token in enumerate(step.tolist()):
-            if finished[i]:
-                continue
-            if token == eos:
-                finished[i] = True
-                continue
-            rows[i].append(token)
-            if token in stop_ids or (long_stops and any(s in tokenizer.decode(rows[i]) for s in long_stops)):
-                finished[i] = True
-        if all(finished):
-            break  # the generator is dropped: no more steps are computed
+    rows = tokens_until_stop(stream, len(prompts), eos, tokenizer.decode, [s for s in task.stop if len(s) > 1],
+                             stop_ids)
     passes = stats.get("fused_passes", [0] * len(prompts))
     converged = stats.get("fused_converged", [None] * len(prompts))
     return rows, [int(p) for p in passes], converged

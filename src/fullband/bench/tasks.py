@@ -27,6 +27,7 @@ from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.data.synthetic import final_answer
 from fullband.errors import ConfigError, FullbandError
+from fullband.stop_strings import first_stop
 
 EVAL_EXTRA = "pip install 'fullband[eval]'"
 
@@ -63,8 +64,7 @@ class BenchTask:
 
     def cut(self, text: str) -> str:
         """The completion up to (not including) the first stop string."""
-        end = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=len(text))
-        return text[:end]
+        return text[: first_stop(text, self.stop)]
 
 
 def _final(text: str) -> str:

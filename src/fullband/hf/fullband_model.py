@@ -13,9 +13,10 @@ from fullband.model import (
     FullBandLM,
     RMSNorm,
     init_std_of,
+    mask_positions,
     rope_inv_freq,
     shift_right,
 )
 
 __all__ = ["DEFAULT_FUSED_MAX_PASSES", "DEFAULT_FUSED_TOL", "FullBandConfig", "FullBandLM", "KVCache", "RMSNorm",
-           "init_std_of", "rope_inv_freq", "shift_right"]
+           "init_std_of", "mask_positions", "rope_inv_freq", "shift_right"]

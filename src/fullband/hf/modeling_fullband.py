@@ -39,6 +39,7 @@ from .fullband_model import (
     KVCache,
     RMSNorm,
     init_std_of,
+    mask_positions,
     rope_inv_freq,
 )
 
@@ -179,7 +180,7 @@ class FullBandCache(Cache):
             return kv
         capacity = max(needed, self.max_length or 0, 2 * kv.max_len if kv is not None else 0)
         if kv is None:
-            self.kv = KVCache(model.config, batch_size, capacity, model.device, model.embed.weight.dtype)
+            self.kv = model.new_cache(batch_size, capacity)
         else:
             kv.grow(capacity)
         return self.kv
@@ -324,7 +325,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             raise ValueError("fullband models take a 2-D (batch, length) attention_mask")
         if position_ids is None:
             if attention_mask is not None and attention_mask.shape[1] == start + T:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+                position_ids = mask_positions(attention_mask)[:, -T:]
             elif cache.next_position is not None:
                 position_ids = cache.next_position + torch.arange(T, device=input_ids.device)
         if position_ids is not None:
@@ -346,20 +347,9 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
                 logits, hidden = out.logits, out.hidden
             else:
                 # Soft/fused decoding: token t is fused with the top state of position t-1 (the recurrence).
-                logits_steps, hidden_steps = [], []
-                for t in range(T):
-                    out = fb(
-                        input_ids[:, t : t + 1],
-                        feedback=cache.state,
-                        attention_mask=None if mask is None else mask[:, t : t + 1],
-                        position_ids=position_ids[:, t : t + 1],
-                        past_key_values=kv,
-                        use_cache=True,
-                    )
-                    cache.state = out.hidden
-                    logits_steps.append(out.logits)
-                    hidden_steps.append(out.hidden)
-                logits, hidden = torch.cat(logits_steps, dim=1), torch.cat(hidden_steps, dim=1)
+                out = fb.recurrence(input_ids, past_key_values=kv, attention_mask=mask, position_ids=position_ids,
+                                    state=cache.state)
+                logits, hidden = out.logits, out.hidden
         cache.state = hidden[:, -1:]
         cache.next_position = position_ids[:, -1:] + 1
         return logits, hidden

@@ -12,6 +12,10 @@ The sampling fields ``logit_bias``, ``presence_penalty``, ``frequency_penalty`` 
 server does not implement is refused with a 400 naming it, never ignored; ``user`` and ``metadata`` are accepted and
 have no effect, and a few OpenAI fields are accepted at the value that asks for nothing (``NEUTRAL``).
 Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
+
+Each route is a function of ``router``; they share the served model (``Served``, in ``app.state``) and one path
+from the engine's tokens to the answer, streamed or whole (``answer``). The engine checks a request's parameters
+with ``fullband.sampling.check_request``, as ``generate`` does; a refusal (``RequestError``) carries its parameter.
 """
 
 from __future__ import annotations
@@ -21,13 +25,13 @@ import json
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -35,19 +39,27 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fullband.data import Tokenizer
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.decoding import FIELDS, DecodeSettings, DecodeSettingsError
+from fullband.decoding import AUTO, DecodeSettings, DecodeSettingsError
+from fullband.detokenize import StreamingDetokenizer
 from fullband.loading import encode_prompt
-from fullband.sampling import LogitsAdjustments, check_token_ids
-from fullband.serve.engine import MAX_TOP_LOGPROBS, Engine, Event, QueueFull, SamplingParams, Sequence
+from fullband.sampling import LogitsAdjustments, RequestError, RequestLimits
+from fullband.serve.engine import Engine, Event, QueueFull, SamplingParams, Sequence
+from fullband.stop_strings import first_stop
 
 PAGE = Path(__file__).parent / "static" / "chat.html"
 MAX_STOP_STRINGS = 4
 SEED_LIMIT = 2**63  # torch.Generator seeds are 64-bit; choice j of n is seeded with seed + j
 # How often a request waiting for tokens checks whether its client is still there.
 DISCONNECT_POLL_S = 0.25
+# The API's ranges (OpenAI's, and vLLM's -1 or 0 for a top_k of every token), checked with the model's own limits
+# by fullband.sampling.check_request when the engine takes a request.
+COMPLETION_LIMITS = RequestLimits(max_temperature=2.0, max_logprobs=5, top_k_every=(-1, 0))
+CHAT_LIMITS = RequestLimits(max_temperature=2.0, logprobs_name="top_logprobs", top_k_every=(-1, 0))
 
 
 class APIError(Exception):
+    """An error answer of the API other than a refused request parameter (those are ``RequestError``, a 400)."""
+
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -107,7 +119,7 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    # The sampling fields are checked by LogitsAdjustments, as at every other door.
+    # The sampling fields are checked by fullband.sampling, as at every other door.
     logit_bias: dict[str, Any] | None = None
     presence_penalty: Any = 0.0
     frequency_penalty: Any = 0.0
@@ -171,192 +183,133 @@ class ChatRequest(_Request):
 
 # ---- turning tokens into text, with stop strings ---------------------------------------------------------
 
+LogprobEntries = list[tuple[int, float, list[tuple[int, float]]]]  # (token, its logprob, [(top token, logprob)])
+
 
 @dataclass
 class Choice:
-    """The text of one choice so far, decoded incrementally: each token decodes a short window of ids, not
-    the whole answer, so a long answer costs linear time. A window's text is taken only once it does not end
-    in U+FFFD (an incomplete character) and is compared with the same window minus the new ids, so tokenizers
-    that decode a piece differently at the start of a text (leading spaces) give the same result as decoding
-    everything at once. Text that could be the start of a stop string is held back until it is clear that it
-    is not; a stop string ends the choice and is not part of the text."""
+    """The text of one choice so far, decoded incrementally (``fullband.detokenize``: a long answer costs linear
+    time). Text that could be the start of a stop string is held back until it is clear that it is not; a stop
+    string ends the choice and is not part of the text."""
 
     tokenizer: Tokenizer
     stop: list[str]
-    ids: list[int] = field(default_factory=list)
-    text: str = ""  # decoded so far (complete characters)
-    sent: str = ""  # the part of text released to the client
+    sent: str = ""  # the part of the text released to the client
     tokens: int = 0  # tokens generated (the usage), including a final stop token
     stopped: bool = False
-    logprobs: list[tuple[int, float, list[tuple[int, float]]]] = field(default_factory=list)
-    _prefix: int = 0  # ids[_prefix:_read] is the window decoded last time
-    _read: int = 0
-    _scanned: int = 0  # text[:_scanned] holds no stop string
+    logprobs: LogprobEntries = field(default_factory=list)
+    _scanned: int = 0  # the text's first _scanned characters hold no stop string
+    _text: StreamingDetokenizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._text = StreamingDetokenizer(self.tokenizer)
 
     def add(self, event: Event) -> str:
         self.tokens += 1
         if event.logprob is not None:
             self.logprobs.append((event.token, event.logprob, event.top_logprobs or []))
         if not event.is_stop_token:
-            self.ids.append(event.token)
-            before = self.tokenizer.decode(self.ids[self._prefix : self._read])
-            after = self.tokenizer.decode(self.ids[self._prefix :])
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                self.text += after[len(before) :]
-                self._prefix, self._read = self._read, len(self.ids)
+            self._text.add(event.token)
         return self._release(final=False)
 
     def flush(self) -> str:
         """The rest of the text, at the end of the choice (a trailing incomplete character included)."""
         if self.stopped:
             return ""
-        before = self.tokenizer.decode(self.ids[self._prefix : self._read])
-        self.text += self.tokenizer.decode(self.ids[self._prefix :])[len(before) :]
-        self._prefix = self._read = len(self.ids)
+        self._text.flush()
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
+        text = self._text.text
         longest = max((len(s) for s in self.stop), default=0)
         start = max(0, self._scanned - longest + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
+        cut = first_stop(text, self.stop, start)
+        if cut is not None:
             self.stopped = True
-            upto = self.text[: min(hits)]
+            upto = text[:cut]
         else:
-            self._scanned = len(self.text)
-            upto = self.text if final else self.text[: max(len(self.sent), len(self.text) - max(longest - 1, 0))]
+            self._scanned = len(text)
+            upto = text if final else text[: max(len(self.sent), len(text) - max(longest - 1, 0))]
         delta, self.sent = upto[len(self.sent) :], upto
         return delta
 
 
 @dataclass
 class Update:
-    index: int
-    text: str
-    event: Event
+    index: int  # of the choice
+    text: str  # new text
     finish_reason: str | None
 
 
-# ---- the application -------------------------------------------------------------------------------------
+# ---- the served model: a request's parameters, its sequences and their text ------------------------------
 
 
-def create_app(
-    engine: Engine,
-    tokenizer: Tokenizer,
-    model_name: str,
-    decode: DecodeSettings | None = None,
-) -> FastAPI:
-    """The API around ``engine``, which the app starts and stops with its lifespan. ``decode``: the settings of
-    requests that do not give their own (default: those stored with the model); each fused pass is a full
-    prefill that the running batch waits for, so its ``fused_max_passes`` bounds what one request may ask."""
-    decode = decode if decode is not None else DecodeSettings.of(engine.model)
-    # The model's own default mode tells whether its fusion was trained: a fresh or converted model and one trained
-    # with train.schedule standard store standard, every schedule that trains the fusion soft or fused
-    # (fullband.decoding). The chat page marks it and says when soft and fused mean nothing yet.
-    model_mode = DecodeSettings.of(engine.model).mode
-    config = engine.model.config
-    created = int(time.time())
-    chat_error = _chat_template_error(tokenizer)
+@dataclass
+class Served:
+    """What the routes share: the engine, its tokenizer and the settings of requests that do not give their own."""
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        engine.start()
-        yield
-        engine.stop()
+    engine: Engine
+    tokenizer: Tokenizer
+    model_name: str
+    decode: DecodeSettings  # its fused_max_passes bounds what one request may ask
+    model_mode: str  # the mode stored with the model: standard means its fusion was never trained
+    chat_error: str | None  # why chat requests cannot be served (None: they can)
+    created: int = field(default_factory=lambda: int(time.time()))
 
-    app = FastAPI(title="fullband", lifespan=lifespan)
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.model.config.max_seq_len
 
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return APIError(400, "the request body is not valid JSON", code="invalid_json").response()
-        extra = [e for e in errors if e.get("type") == "extra_forbidden"]
-        if extra:
-            return _unknown_field(extra[0]).response()
-        if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
-            return APIError(400, "the request body must be a JSON object of the request's fields, sent with "
-                            "Content-Type: application/json", code="invalid_body").response()
-        first = errors[0] if errors else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
-                           for e in errors[:5])
-        return APIError(400, f"invalid request: {detail}", param=where).response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {exc}", "server_error").response()
-
-    @app.get("/", response_class=HTMLResponse)
-    async def page() -> HTMLResponse:
-        return HTMLResponse(PAGE.read_text())
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "max_model_len": config.max_seq_len, **decode.to_dict(),
-                "chat": chat_error is None, "chat_error": chat_error, "model_decode_mode": model_mode,
-                "fusion_trained": model_mode != "standard", **engine.stats()}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "fullband", "max_model_len": config.max_seq_len}]}
-
-    def check_common(req: _Request, max_tokens: int | None) -> tuple[SamplingParams, list[str]]:
-        if req.model != model_name:
-            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {model_name!r}",
+    def check_model(self, req: _Request) -> None:
+        if req.model != self.model_name:
+            raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
-        if req.n < 1 or req.n > engine.max_batch:
-            raise APIError(400, f"n must be between 1 and the server's max batch {engine.max_batch}, got {req.n}",
-                           param="n")
-        if not 0 <= req.temperature <= 2:
-            raise APIError(400, f"temperature must be in [0, 2] (0 = greedy), got {req.temperature}",
-                           param="temperature")
-        if not 0 < req.top_p <= 1:
-            raise APIError(400, f"top_p must be in (0, 1], got {req.top_p}", param="top_p")
-        if max_tokens is not None and max_tokens < 1:
-            raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+
+    def sampling(self, req: _Request, max_tokens: int, logprobs: int | None, limits: RequestLimits,
+                 end_ids: Iterable[int]) -> tuple[SamplingParams, list[str]]:
+        """The engine's parameters of a request and its stop strings. What the engine checks itself (the
+        prompt, max_tokens, temperature, top_k, top_p, logprobs, token ids: ``fullband.sampling.check_request``,
+        within ``limits``) is refused when the request is submitted; the rest here."""
+        if req.n < 1 or req.n > self.engine.max_batch:
+            raise RequestError(f"n must be between 1 and the server's max batch {self.engine.max_batch}, got {req.n}",
+                               "n")
         for name, (neutral, accepted) in NEUTRAL.items():
             value = getattr(req, name, None)
             if value is not None and not neutral(value, req):
-                raise APIError(400, f"{name}={json.dumps(value)} is not supported by this server: leave it out or "
-                               f"set it to {accepted}", param=name)
+                raise RequestError(f"{name}={json.dumps(value)} is not supported by this server: leave it out or "
+                                   f"set it to {accepted}", name)
         if req.seed is not None and not -SEED_LIMIT <= req.seed < SEED_LIMIT - req.n:
-            raise APIError(400, f"seed must be an integer in [-2**63, 2**63 - n), got {req.seed}", param="seed")
-        if req.top_k is not None and req.top_k < -1:
-            raise APIError(400, f"top_k must be >= 1, or -1 or 0 for every token, got {req.top_k}", param="top_k")
-        try:
-            adjustments = LogitsAdjustments.of(config.vocab_size, max_tokens, req.logit_bias, req.presence_penalty,
-                                               req.frequency_penalty, req.repetition_penalty, req.min_tokens)
-            stop_token_ids = check_token_ids("stop_token_ids", req.stop_token_ids or (), config.vocab_size)
-        except ValueError as exc:
-            raise APIError(400, str(exc), param=_field_named(str(exc))) from None
-        asked = {"decode_mode": req.decode_mode, "fused_passes": req.fused_passes, "fused_tol": req.fused_tol,
-                 "fused_max_passes": req.fused_max_passes}
-        try:
-            settings = decode.with_overrides(**asked)
-            settings.check_within(decode.fused_max_passes)
-        except DecodeSettingsError as exc:
-            raise APIError(400, str(exc), param=_decode_param(str(exc))) from None
+            raise RequestError(f"seed must be an integer in [-2**63, 2**63 - n), got {req.seed}", "seed")
+        adjustments = LogitsAdjustments.of(self.engine.model.config.vocab_size, None, req.logit_bias,
+                                           req.presence_penalty, req.frequency_penalty, req.repetition_penalty,
+                                           req.min_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
-            raise APIError(400, f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop")
-        params = SamplingParams(max_tokens=max_tokens or 1, decode=settings, temperature=req.temperature,
-                                top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
-                                top_p=req.top_p if req.top_p < 1 else None, seed=req.seed,
-                                adjustments=adjustments, stop_token_ids=stop_token_ids)
+            raise RequestError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", "stop")
+        params = SamplingParams(max_tokens=max_tokens, decode=self._decode_settings(req), temperature=req.temperature,
+                                top_k=req.top_k, top_p=req.top_p, adjustments=adjustments, seed=req.seed,
+                                logprobs=logprobs, limits=limits,
+                                stop_token_ids=tuple(dict.fromkeys([*end_ids, *(req.stop_token_ids or ())])))
         return params, stop
 
-    def start(prompts: list[list[int]], params: SamplingParams, n: int, stop: list[str]):
+    def _decode_settings(self, req: _Request) -> DecodeSettings:
+        asked = {"decode_mode": req.decode_mode, "fused_passes": req.fused_passes, "fused_tol": req.fused_tol,
+                 "fused_max_passes": req.fused_max_passes}
+        for name, value in asked.items():  # each alone first, so that a bad value is refused under its own name
+            try:
+                self.decode.with_overrides(**{name: value})
+            except DecodeSettingsError as exc:
+                raise RequestError(str(exc), name) from None
+        settings = self.decode.with_overrides(**asked)
+        try:
+            settings.check_within(self.decode.fused_max_passes)
+        except DecodeSettingsError as exc:  # the bound applies to fused:auto's cap, else to the fused passes
+            raise RequestError(str(exc), "fused_max_passes" if settings.fused_passes == AUTO else "fused_passes") \
+                from None
+        return settings
+
+    def start(self, prompts: list[list[int]], params: SamplingParams, n: int,
+              stop: list[str]) -> tuple[list[Sequence], list[Choice], asyncio.Queue]:
         """Queue n sequences per prompt; choice i*n + j is prompt i's j-th. Seed s gives choice j the seed s + j."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -365,20 +318,17 @@ def create_app(
             for j in range(n):
                 index = i * n + j
                 seed = None if params.seed is None else params.seed + j
-                p = replace(params, seed=seed)
                 sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-                sequences.append(Sequence(prompt, p, sink))
-                choices.append(Choice(tokenizer, stop))
+                sequences.append(Sequence(prompt, replace(params, seed=seed), sink))
+                choices.append(Choice(self.tokenizer, stop))
         try:
-            engine.submit(sequences)
+            self.engine.submit(sequences)
         except QueueFull as exc:
             raise APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from exc
-        except ValueError as exc:
-            param = _field_named(str(exc)) or ("max_tokens" if "max_tokens" in str(exc) else None)
-            raise APIError(400, str(exc), param=param) from exc
         return sequences, choices, queue
 
-    async def updates(request: Request, sequences, choices, queue) -> AsyncIterator[Update]:
+    async def updates(self, request: Request, sequences: list[Sequence], choices: list[Choice],
+                      queue: asyncio.Queue) -> AsyncIterator[Update]:
         """The choices' text as it is generated; cancels what is left when the consumer stops or the client
         goes away."""
         pending = set(range(len(sequences)))
@@ -387,7 +337,7 @@ def create_app(
             while pending:
                 try:
                     index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                     index = event = None
                 # Also while tokens flow: a non-streamed answer has no other way to notice a client that left.
                 if time.monotonic() - checked >= DISCONNECT_POLL_S:
@@ -406,136 +356,253 @@ def create_app(
                 if finish is not None:
                     text += choice.flush()
                     pending.discard(index)
-                    engine.cancel(sequences[index])
-                yield Update(index, text, event, finish)
+                    self.engine.cancel(sequences[index])
+                yield Update(index, text, finish)
         finally:
             for seq in sequences:
-                engine.cancel(seq)
+                self.engine.cancel(seq)
 
-    def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+
+# ---- the two endpoints' answers: one path, streamed or whole ------------------------------------------------
+
+
+class Answer:
+    """How an endpoint writes its choices: ``opening`` (a streamed choice's first chunk, if any), ``chunk`` (a
+    streamed update) and ``whole`` (a choice of an answer that is not streamed)."""
+
+    prefix: str  # of the answer's id
+    object: str
+    chunk_object: str
+
+    def __init__(self, served: Served, logprobs: bool):
+        self.served, self.logprobs = served, logprobs
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return None
+
+
+class CompletionAnswer(Answer):
+    prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
+
+    def chunk(self, update: Update, choice: Choice) -> dict[str, Any]:
+        lp = self._logprobs(choice.logprobs[-1:], len(choice.sent) - len(update.text)) if self.logprobs else None
+        return {"index": update.index, "text": update.text, "logprobs": lp, "finish_reason": update.finish_reason}
+
+    def whole(self, index: int, choice: Choice, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "text": choice.sent, "finish_reason": finish,
+                "logprobs": self._logprobs(choice.logprobs) if self.logprobs else None}
+
+    def _logprobs(self, entries: LogprobEntries, start: int = 0) -> dict[str, Any]:
+        tokens, offsets, offset = [], [], start
+        for token, _, _ in entries:
+            tokens.append(self.served.token_text(token))
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
+                "top_logprobs": [{self.served.token_text(t): v for t, v in top} for _, _, top in entries],
+                "text_offset": offsets}
+
+
+class ChatAnswer(Answer):
+    prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def chunk(self, update: Update, choice: Choice) -> dict[str, Any]:
+        delta = {"content": update.text} if update.text or update.finish_reason is None else {}
+        return {"index": update.index, "delta": delta,
+                "logprobs": self._logprobs(choice.logprobs[-1:]) if self.logprobs else None,
+                "finish_reason": update.finish_reason}
+
+    def whole(self, index: int, choice: Choice, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": choice.sent}, "finish_reason": finish,
+                "logprobs": self._logprobs(choice.logprobs) if self.logprobs else None}
+
+    def _logprobs(self, entries: LogprobEntries, start: int = 0) -> dict[str, Any]:
+        def item(token: int, lp: float) -> dict[str, Any]:
+            text = self.served.token_text(token)
+            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+        return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]} for t, lp, top in entries]}
+
+
+async def answer(served: Served, request: Request, req: _Request, prompts: list[list[int]], params: SamplingParams,
+                 stop: list[str], shape: Answer):
+    """Generate the request's choices and answer with them: as server-sent events when it streams, else whole."""
+    sequences, choices, queue = served.start(prompts, params, req.n, stop)
+    head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "object": shape.object, "created": int(time.time()),
+            "model": served.model_name}
+
+    def usage() -> dict[str, int]:
         prompt_tokens = sum(len(p) for p in prompts)
         completion = sum(c.tokens for c in choices)
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion}
 
-    def token_text(token: int) -> str:
-        return tokenizer.decode([token])
+    if req.stream:
+        async def events() -> AsyncIterator[str]:
+            chunk = {**head, "object": shape.chunk_object}
+            try:
+                openings = [shape.opening(i) for i in range(len(sequences))]
+                for opening in filter(None, openings):
+                    yield _sse({**chunk, "choices": [opening]})
+                async for u in served.updates(request, sequences, choices, queue):
+                    yield _sse({**chunk, "choices": [shape.chunk(u, choices[u.index])]})
+                if req.stream_options is not None and req.stream_options.include_usage:
+                    yield _sse({**chunk, "choices": [], "usage": usage()})
+            except APIError as exc:
+                yield _sse(exc.body())
+            yield "data: [DONE]\n\n"
 
-    def completion_logprobs(entries: list[tuple[int, float, list[tuple[int, float]]]], start: int = 0):
-        tokens, offsets, offset = [], [], start
-        for token, _, _ in entries:
-            tokens.append(token_text(token))
-            offsets.append(offset)
-            offset += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-                "top_logprobs": [{token_text(t): v for t, v in top} for _, _, top in entries],
-                "text_offset": offsets}
+        return StreamingResponse(events(), media_type="text/event-stream")
 
-    def chat_logprobs(entries: list[tuple[int, float, list[tuple[int, float]]]]) -> dict[str, Any]:
-        def item(token: int, lp: float) -> dict[str, Any]:
-            text = token_text(token)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+    finish: dict[int, str] = {}
+    async for u in served.updates(request, sequences, choices, queue):
+        if u.finish_reason is not None:
+            finish[u.index] = u.finish_reason
+    return {**head, "choices": [shape.whole(i, c, finish.get(i)) for i, c in enumerate(choices)], "usage": usage()}
 
-        return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]}
-                            for t, lp, top in entries]}
 
-    def sse(data: dict[str, Any]) -> str:
-        return f"data: {json.dumps(data)}\n\n"
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
-        params, stop = check_common(req, max_tokens)
-        if req.logprobs is not None and not 0 <= req.logprobs <= 5:
-            raise APIError(400, f"logprobs must be between 0 and 5, got {req.logprobs}", param="logprobs")
-        prompts = _prompts(req.prompt, tokenizer)
-        ends = () if req.ignore_eos else (tokenizer.eos_id,)
-        params = replace(params, logprobs=req.logprobs, stop_token_ids=tuple(dict.fromkeys(
-            [*ends, *params.stop_token_ids])))
-        sequences, choices, queue = start(prompts, params, req.n, stop)
-        rid, now = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {"id": rid, "object": "text_completion", "created": now, "model": model_name}
 
-        if req.stream:
-            async def events() -> AsyncIterator[str]:
-                try:
-                    async for u in updates(request, sequences, choices, queue):
-                        lp = None
-                        if req.logprobs is not None:
-                            choice = choices[u.index]
-                            lp = completion_logprobs(choice.logprobs[-1:], len(choice.sent) - len(u.text))
-                        yield sse({**base, "choices": [{"index": u.index, "text": u.text, "logprobs": lp,
-                                                        "finish_reason": u.finish_reason}]})
-                    if req.stream_options is not None and req.stream_options.include_usage:
-                        yield sse({**base, "choices": [], "usage": usage(prompts, choices)})
-                except APIError as exc:
-                    yield sse(exc.body())
-                yield "data: [DONE]\n\n"
+# ---- the routes ----------------------------------------------------------------------------------------------
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+router = APIRouter()
 
-        finish: dict[int, str] = {}
-        async for u in updates(request, sequences, choices, queue):
-            if u.finish_reason is not None:
-                finish[u.index] = u.finish_reason
-        return {**base, "choices": [
-            {"index": i, "text": c.sent, "finish_reason": finish.get(i),
-             "logprobs": completion_logprobs(c.logprobs) if req.logprobs is not None else None}
-            for i, c in enumerate(choices)], "usage": usage(prompts, choices)}
 
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params, stop = check_common(req, max_tokens)
-        if chat_error is not None:
-            raise APIError(400, chat_error, param="messages", code="no_chat_template")
-        if not req.messages:
-            raise APIError(400, "messages must hold at least one message", param="messages")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise APIError(400, f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", param="top_logprobs")
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        try:
-            prompt = apply_chat_template(tokenizer, messages, add_generation_prompt=True)
-        except ValueError as exc:
-            raise APIError(400, f"cannot apply the chat template: {exc}", param="messages") from exc
-        if max_tokens is None:  # as in OpenAI: up to the end of the context
-            max_tokens = max(1, config.max_seq_len - len(prompt))
-        stop_ids = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), tokenizer.eos_id, *params.stop_token_ids]))
-        params = replace(params, max_tokens=max_tokens, stop_token_ids=stop_ids,
-                         logprobs=(req.top_logprobs or 0) if req.logprobs else None)
-        sequences, choices, queue = start([prompt], params, req.n, stop)
-        rid, now = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        base = {"id": rid, "created": now, "model": model_name}
+def _served(request: Request) -> Served:
+    return request.app.state.served
 
-        if req.stream:
-            async def events() -> AsyncIterator[str]:
-                chunk = {**base, "object": "chat.completion.chunk"}
-                try:
-                    for i in range(len(sequences)):
-                        yield sse({**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}]})
-                    async for u in updates(request, sequences, choices, queue):
-                        lp = chat_logprobs(choices[u.index].logprobs[-1:]) if req.logprobs else None
-                        delta = {"content": u.text} if u.text or u.finish_reason is None else {}
-                        yield sse({**chunk, "choices": [{"index": u.index, "delta": delta, "logprobs": lp,
-                                                         "finish_reason": u.finish_reason}]})
-                    if req.stream_options is not None and req.stream_options.include_usage:
-                        yield sse({**chunk, "choices": [], "usage": usage([prompt], choices)})
-                except APIError as exc:
-                    yield sse(exc.body())
-                yield "data: [DONE]\n\n"
 
-            return StreamingResponse(events(), media_type="text/event-stream")
+ServedBy = Annotated[Served, Depends(_served)]
 
-        finish: dict[int, str] = {}
-        async for u in updates(request, sequences, choices, queue):
-            if u.finish_reason is not None:
-                finish[u.index] = u.finish_reason
-        return {**base, "object": "chat.completion", "choices": [
-            {"index": i, "message": {"role": "assistant", "content": c.sent}, "finish_reason": finish.get(i),
-             "logprobs": chat_logprobs(c.logprobs) if req.logprobs else None}
-            for i, c in enumerate(choices)], "usage": usage([prompt], choices)}
 
+@router.get("/", response_class=HTMLResponse)
+async def page() -> HTMLResponse:
+    return HTMLResponse(PAGE.read_text())
+
+
+@router.get("/health")
+async def health(served: ServedBy) -> dict[str, Any]:
+    return {"status": "ok", "model": served.model_name, "max_model_len": served.max_seq_len,
+            **served.decode.to_dict(), "chat": served.chat_error is None, "chat_error": served.chat_error,
+            "model_decode_mode": served.model_mode, "fusion_trained": served.model_mode != "standard",
+            **served.engine.stats()}
+
+
+@router.get("/v1/models")
+async def models(served: ServedBy) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": served.model_name, "object": "model", "created": served.created,
+                                        "owned_by": "fullband", "max_model_len": served.max_seq_len}]}
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, served: ServedBy):
+    served.check_model(req)
+    ends = () if req.ignore_eos else (served.tokenizer.eos_id,)
+    max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
+    params, stop = served.sampling(req, max_tokens, req.logprobs, COMPLETION_LIMITS, ends)
+    prompts = _prompts(req.prompt, served.tokenizer)
+    return await answer(served, request, req, prompts, params, stop, CompletionAnswer(served, req.logprobs is not None))
+
+
+@router.post("/v1/chat/completions")
+async def chat(req: ChatRequest, request: Request, served: ServedBy):
+    served.check_model(req)
+    if served.chat_error is not None:
+        raise APIError(400, served.chat_error, param="messages", code="no_chat_template")
+    if not req.messages:
+        raise RequestError("messages must hold at least one message", "messages")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise RequestError("top_logprobs asks for the top log-probabilities of each token: set logprobs to true "
+                           "too, or leave top_logprobs out", "top_logprobs")
+    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    try:
+        prompt = apply_chat_template(served.tokenizer, messages, add_generation_prompt=True)
+    except ValueError as exc:
+        raise RequestError(f"cannot apply the chat template: {exc}", "messages") from exc
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is None:  # as in OpenAI: up to the end of the context
+        max_tokens = max(1, served.max_seq_len - len(prompt))
+    ends = [*end_of_turn_ids(served.tokenizer), served.tokenizer.eos_id]
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params, stop = served.sampling(req, max_tokens, logprobs, CHAT_LIMITS, ends)
+    return await answer(served, request, req, [prompt], params, stop, ChatAnswer(served, req.logprobs))
+
+
+# ---- errors: OpenAI-style bodies -------------------------------------------------------------------------------
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
+    return APIError(400, str(exc), param=exc.param).response()
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return APIError(400, "the request body is not valid JSON", code="invalid_json").response()
+    extra = [e for e in errors if e.get("type") == "extra_forbidden"]
+    if extra:
+        return _unknown_field(extra[0]).response()
+    if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return APIError(400, "the request body must be a JSON object of the request's fields, sent with "
+                        "Content-Type: application/json", code="invalid_body").response()
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                       for e in errors[:5])
+    return APIError(400, f"invalid request: {detail}", param=where).response()
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    return APIError(500, f"internal error: {exc}", "server_error").response()
+
+
+def create_app(
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_name: str,
+    decode: DecodeSettings | None = None,
+) -> FastAPI:
+    """The API around ``engine``, which the app starts and stops with its lifespan. ``decode``: the settings of
+    requests that do not give their own (default: those stored with the model); each fused pass is a full
+    prefill that the running batch waits for, so its ``fused_max_passes`` bounds what one request may ask."""
+    # The model's own default mode tells whether its fusion was trained: a fresh or converted model and one trained
+    # with train.schedule standard store standard, every schedule that trains the fusion soft or fused
+    # (fullband.decoding). The chat page marks it and says when soft and fused mean nothing yet.
+    model_mode = DecodeSettings.of(engine.model).mode
+    served = Served(engine, tokenizer, model_name, decode if decode is not None else DecodeSettings.of(engine.model),
+                    model_mode, _chat_template_error(tokenizer))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="fullband", lifespan=lifespan)
+    app.state.served = served
+    app.include_router(router)
+    for kind, handler in ((APIError, _api_error), (RequestError, _request_error),
+                          (RequestValidationError, _validation_error), (StarletteHTTPException, _http_error),
+                          (Exception, _internal_error)):
+        app.add_exception_handler(kind, handler)
     return app
 
 
@@ -544,7 +611,7 @@ def _prompts(prompt: str | list[int] | list[str] | list[list[int]], tokenizer: T
     if isinstance(prompt, str):
         return [encode_prompt(tokenizer, prompt)]
     if not prompt:
-        raise APIError(400, "prompt is empty", param="prompt")
+        raise RequestError("prompt is empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     return [encode_prompt(tokenizer, p) if isinstance(p, str) else list(p) for p in prompt]
@@ -576,15 +643,3 @@ def _unknown_field(error: dict[str, Any]) -> APIError:
         message = (f"unknown field {where!r}: this server does not implement it and does not ignore it; leave it "
                    "out (the fields it takes are listed in docs/serving.md)")
     return APIError(400, message, param=where, code="unsupported_field")
-
-
-def _field_named(message: str) -> str | None:
-    """The request field a sampling error is about: its message names it first."""
-    first = re.match(r"[a-z_]+", message)
-    return first.group(0) if first and first.group(0) in ChatRequest.model_fields | CompletionRequest.model_fields \
-        else None
-
-
-def _decode_param(message: str) -> str:
-    """The request field a decode settings error is about (its message names it first)."""
-    return next((name for name in ("decode_mode", *FIELDS[1:]) if name in message.split()[:3]), "decode_mode")

@@ -31,11 +31,10 @@ from fullband.decoding import DecodeSettings
 from fullband.generation import left_pad, sample_next
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM
-from fullband.sampling import BatchAdjuster, LogitsAdjustments, check_token_ids
+from fullband.sampling import BatchAdjuster, LogitsAdjustments, RequestLimits, check_request
 
 log = logging.getLogger("fullband.serve")
 
-MAX_TOP_LOGPROBS = 20
 # Padded prompt positions per prefill call: joining prompts are prefilled together up to this size (the
 # attention mask of a call grows with its square).
 PREFILL_TOKENS = 8192
@@ -57,6 +56,11 @@ class SamplingParams:
     logprobs: int | None = None  # None: no log-probabilities; k >= 0: the chosen token's and the top k
     # End the sequence (finish_reason "stop"; not part of the text); masked until adjustments.min_tokens.
     stop_token_ids: tuple[int, ...] = ()
+    limits: RequestLimits = RequestLimits()  # what the door that built these allows (the server's API limits)
+
+    def __post_init__(self) -> None:
+        if self.top_k in self.limits.top_k_every:
+            object.__setattr__(self, "top_k", None)
 
 
 @dataclass
@@ -89,38 +93,6 @@ class Sequence:
     generator: torch.Generator | None = None
 
 
-def check_request(model: FullBandLM, prompt_ids: list[int], params: SamplingParams) -> None:
-    """Raise ValueError (message names the API parameter) if the request cannot be served."""
-    if params.max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-    if not params.temperature >= 0:  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
-    if params.top_k is not None and params.top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {params.top_k}")
-    if params.top_p is not None and not 0 < params.top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-    if params.adjustments.min_tokens > params.max_tokens:
-        raise ValueError(f"min_tokens ({params.adjustments.min_tokens}) must be at most max_tokens "
-                         f"({params.max_tokens})")
-    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
-        raise ValueError(f"the number of top log-probabilities must be in [0, {MAX_TOP_LOGPROBS}], "
-                         f"got {params.logprobs}")
-    if not prompt_ids:
-        raise ValueError("the prompt is empty: it needs at least one token")
-    vocab = model.config.vocab_size
-    bad = [i for i in prompt_ids if not 0 <= i < vocab]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the model's vocabulary [0, {vocab})")
-    check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
-    check_token_ids("logit_bias", (token for token, _ in params.adjustments.logit_bias), vocab)
-    total = len(prompt_ids) + params.max_tokens
-    if total > model.config.max_seq_len:
-        raise ValueError(
-            f"the prompt ({len(prompt_ids)} tokens) plus max_tokens ({params.max_tokens}) = {total} exceeds the "
-            f"model's context length {model.config.max_seq_len}; shorten the prompt or lower max_tokens"
-        )
-
-
 class Engine:
     """The scheduler. ``start()`` runs it on a background thread; ``step()`` runs one iteration (tests)."""
 
@@ -147,9 +119,12 @@ class Engine:
     # ---- interface (any thread) -----------------------------------------------------------------
 
     def submit(self, sequences: list[Sequence]) -> None:
-        """Queue sequences (all or none); raise QueueFull when there is no room for all of them."""
+        """Queue sequences (all or none); raise RequestError (``fullband.sampling``, naming the parameter) for one
+        that cannot be served, QueueFull when there is no room for all of them."""
         for seq in sequences:
-            check_request(self.model, seq.prompt_ids, seq.params)
+            p = seq.params
+            check_request(self.model.config, [seq.prompt_ids], p.max_tokens, p.temperature, p.top_k, p.top_p,
+                          p.adjustments, p.stop_token_ids, p.logprobs, p.limits)
         with self._cond:
             free = self.max_batch + self.max_queue - len(self._rows) - len(self._waiting)
             if len(sequences) > free:
@@ -255,7 +230,7 @@ class Engine:
     def _prefill_and_join(self, group: list[Sequence], passes: int | str, tol: float, max_passes: int) -> None:
         ids, mask = left_pad([seq.prompt_ids for seq in group])
         ids, mask = ids.to(self.device), mask.to(self.device)
-        own = KVCache(self.model.config, len(group), ids.shape[1], self.device, self.dtype)
+        own = self.model.new_cache(len(group), ids.shape[1])
         out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
                                  logits_to_keep=1, fused_tol=tol, fused_max_passes=max_passes)
         for seq in group:
@@ -280,7 +255,7 @@ class Engine:
         )
         width = prefilled.length
         if self._cache is None:
-            self._cache = KVCache(self.model.config, 0, 2 * width, self.device, self.dtype)
+            self._cache = self.model.new_cache(0, 2 * width)
         cache = self._cache
         # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
         cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)

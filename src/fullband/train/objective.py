@@ -18,7 +18,6 @@ from torch import nn
 from fullband.data.shards import IGNORE_INDEX
 from fullband.model import FullBandLM, plain_positions
 from fullband.schedule import PASS_LOSSES
-from fullband.train.sequential import sequential_states
 
 
 @dataclass
@@ -118,7 +117,7 @@ def sequential_loss(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     label_count: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
-    """The next-token loss of the exact recurrence, computed token by token (``fullband.train.sequential``):
+    """The next-token loss of the exact recurrence, computed token by token (``FullBandLM.recurrence``):
     with jitter 0, the loss and gradients of ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest
     document, at the FLOPs of one pass. The plain positions are those of ``iterate_passes`` (``plain_mask``,
     ``bos_token_id``, document starts of ``segment_ids``, a ``prefix_mixin`` prefix drawn from ``generator``
@@ -126,7 +125,7 @@ def sequential_loss(
     objective averages it over all K passes, so with z-loss the two differ). ``pass_losses`` holds the one
     pass's loss. ``label_count`` as in ``multipass_loss``."""
     plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids, prefix_mixin, generator)
-    logits, _ = sequential_states(model, input_ids, plain, segment_ids)
+    logits = model.recurrence(input_ids, plain, segment_ids=segment_ids).logits
     term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index, label_count)
     return ObjectiveOutput(loss=term, pass_losses=[pass_ce])
 
