@@ -1,11 +1,11 @@
 """fullband exports in vLLM (the ``fullband.vllm`` plugin), on vLLM's CPU build, in float32.
 
-A tiny model whose fusion matters (soft decoding changes its tokens), exported with ``fullband export-hf``, is
-loaded by ``vllm.LLM`` with no ``trust_remote_code``; its greedy tokens for one batch of ragged prompts must equal
-``fullband.generate``'s in standard, soft, fused:1, fused:2 and fused:exact, through chunked prefill and prefix
-caching (standard), more requests than the batch holds, preemption and aborted requests (feedback modes). Then the
-SmolLM2 GGUF, converted and exported, through vLLM's OpenAI server: transformers' greedy tokens, ``fullband serve``'s
-text.
+A tiny model trained with a feedback schedule (soft decoding changes its tokens), exported with ``fullband
+export-hf``, is loaded by ``vllm.LLM`` with no ``trust_remote_code``; its greedy tokens for one batch of ragged
+prompts must equal ``fullband.generate``'s in standard, soft, fused:1, fused:2 and fused:exact, through chunked
+prefill and prefix caching (standard), more requests than the batch holds, preemption and aborted requests
+(feedback modes). Then the SmolLM2 GGUF, converted and exported, through vLLM's OpenAI server: transformers' greedy
+tokens, ``fullband serve``'s text.
 
 Engines run in this process (vLLM's in-process engine core and one worker), one at a time: each loads in a few
 seconds instead of the ~40 s of a spawned engine.
@@ -34,13 +34,16 @@ vllm = pytest.importorskip("vllm", reason="needs vLLM: `EXTRAS=vllm bash scripts
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-from serve_helpers import Server, free_port, save_model  # noqa: E402
+import test_train  # noqa: E402
+from serve_helpers import Server, free_port  # noqa: E402
+from test_train import steps_of, tiny_config  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 from fullband.decoding import DecodeSettings  # noqa: E402
 from fullband.generation import generate  # noqa: E402
 from fullband.hf import export_hf  # noqa: E402
-from fullband.model import FullBandConfig, FullBandLM  # noqa: E402
+from fullband.loading import load_model  # noqa: E402
+from fullband.train import train  # noqa: E402
 
 MAX_LEN = 96
 NEW = 12
@@ -71,20 +74,21 @@ def in_process_engines():
     torch.set_num_threads(threads)
 
 
+parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
+
+
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(fullband model, export directory): random weights with the fed-back value scaled up so that the feedback
-    changes the greedy tokens, stored decode mode soft (the paper's schedules' default), a byte tokenizer."""
+def tiny(tmp_path_factory, parity_data):
+    """(fullband model, export directory): a tiny model trained by the trainer with a feedback schedule (fixed:2,
+    whose stored decode mode is soft) on parity records, byte tokenizer, exported with export-hf. Head size 32: the
+    CPU build's attention takes 32, 64, 80, ..."""
     root = tmp_path_factory.mktemp("vllm_tiny")
-    torch.manual_seed(0)
-    config = FullBandConfig(vocab_size=259, d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=128,
-                            max_seq_len=MAX_LEN)
-    model = FullBandLM(config).eval()
-    with torch.no_grad():
-        model.fusion.value_proj.weight.mul_(20)
-    DecodeSettings("soft").store_in(model)
-    save_model(model, root / "fb")
-    return model, export_hf(root / "fb", root / "exp")
+    config = tiny_config(model={"d_model": 64, "n_heads": 2, "n_kv_heads": 1, "d_ff": 128, "max_seq_len": MAX_LEN},
+                         train={"schedule": "fixed:2", "tokens": steps_of(8)})
+    train(config, root / "run", data_dir=parity_data)
+    model, _ = load_model(root / "run", device="cpu")
+    assert DecodeSettings.of(model).label == "soft"
+    return model, export_hf(root / "run", root / "exp")
 
 
 @pytest.fixture(scope="module")

@@ -264,9 +264,11 @@ def _bwrap_command(program: str, limits: Limits) -> tuple[list[str], int]:
     tmp_bytes = limits.file_mb * 2**20
     command = [
         bwrap_path() or "bwrap", "--die-with-parent", "--new-session", *namespaces, *privileges,
+        # The private /tmp first: an interpreter installed under /tmp (a virtual environment in a project
+        # cloned there) is then shown on top of it instead of being covered by it.
+        "--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
         *mount_arguments([*_SYSTEM_PATHS, *_interpreter_paths()], _hidden_paths()),
         "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
-        "--size", str(tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp",
         "--ro-bind", program, "/tmp/program.py", "--remount-ro", "/", "--chdir", "/tmp",
         "--", sys.executable, "-I", "-c", _LAUNCHER, "/tmp/program.py",
     ]
