@@ -74,9 +74,10 @@ def start_server(
     raise SystemExit("the server did not start within 120 s")
 
 
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, mode: str, max_tokens: int) -> dict:
-    body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "decode_mode": mode}
+async def one_request(client: httpx.AsyncClient, url: str, prompt: str, extra: dict, max_tokens: int) -> dict:
+    """One streamed greedy completion of ``max_tokens`` tokens (``extra``: the server's own fields); its time to the
+    first token, the gaps between tokens and its latency."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True, **extra}
     start = time.perf_counter()
     times = []
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
@@ -85,12 +86,14 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: str, mode: st
         async for line in response.aiter_lines():
             if line.startswith("data: {"):
                 times.append(time.perf_counter())  # one chunk per token
-    return {"ttft": times[0] - start, "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": len(times)}
+    return {"ttft": times[0] - start, "gaps": [b - a for a, b in zip(times, times[1:])],
+            "latency": times[-1] - start, "tokens": len(times)}
 
 
 async def level(url: str, prompts: list[str], mode: str, concurrency: int, requests: int, max_tokens: int) -> dict:
     async def client_loop(client, worker):
-        return [await one_request(client, url, prompts[(worker * requests + i) % len(prompts)], mode, max_tokens)
+        return [await one_request(client, url, prompts[(worker * requests + i) % len(prompts)],
+                                  {"model": "bench", "decode_mode": mode}, max_tokens)
                 for i in range(requests)]
 
     limits = httpx.Limits(max_connections=concurrency + 1)

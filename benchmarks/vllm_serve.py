@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 from common import add_common_arguments, machine_info, print_header, write_record
-from serve import percentile
+from serve import one_request, percentile
 from serve import start_server as start_fullband_server
 
 from fullband.cli import main as fullband_main
@@ -83,19 +83,6 @@ def start_vllm_server(export: Path, mode: str, threads: int, max_batch: int, max
     url = f"http://127.0.0.1:{port}"
     wait_healthy(process, url, log)
     return process, url
-
-
-async def one_request(client: httpx.AsyncClient, url: str, prompt: str, extra: dict, max_tokens: int) -> dict:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True, **extra}
-    start = time.perf_counter()
-    times = []
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise SystemExit(f"request failed ({response.status_code}): {await response.aread()}")
-        async for line in response.aiter_lines():
-            if line.startswith("data: {"):
-                times.append(time.perf_counter())  # one chunk per token
-    return {"ttft": times[0] - start, "latency": times[-1] - start, "tokens": len(times)}
 
 
 async def level(url: str, prompts: list[str], extra: dict, concurrency: int, requests: int, max_tokens: int) -> dict:
