@@ -17,6 +17,7 @@ repetitions; ratios to the LSTM are taken within a repetition (paired) and summa
 Usage:
     python benchmarks/state_tracking_models.py            # 20 steps x 5 repetitions, 200 prompts of 530 tokens
     python benchmarks/state_tracking_models.py --quick    # seconds
+    python benchmarks/state_tracking_models.py --threads 1 --compile-chunk 8   # + the preset's steps compiled
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from fullband.loading import preset_path
 from fullband.train.objective import multipass_loss, sequential_loss
 
 MODELS = {"FBT (preset)": {}, "transformer": BASELINE, "LSTM": LSTM, "DeltaProduct_2": DELTA}
+COMPILED = "FBT (preset, compiled steps)"  # with --compile-chunk
 
 
 def build(overrides: dict[str, str], device: torch.device, dtype: torch.dtype):
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rows", type=int, default=None, help="prompts graded at once (default 200, a sweep's rows)")
     p.add_argument("--grade-tokens", type=int, default=None,
                    help="tokens per graded prompt (default 530: an S5 prompt of 512 moves)")
+    p.add_argument("--compile-chunk", type=int, default=0,
+                   help="also time the preset with FullBandLM.compile_recurrence(N): its token steps N positions per "
+                        "torch.compile'd call (compiled by two untimed steps first; default 0: not timed)")
     p.add_argument("--out", type=Path, default=None,
                    help="default benchmarks/results/state_tracking_models.json (--quick: ..._quick.json)")
     args = p.parse_args(argv)
@@ -97,15 +102,22 @@ def main(argv: list[str] | None = None) -> dict:
     machine = machine_info(args.threads, args.device)
     command = print_header("state-tracking models: training step and grading", argv, machine, args)
 
-    built = {name: build(overrides, device, dtype) for name, overrides in MODELS.items()}
+    models = dict(MODELS)
+    if args.compile_chunk:
+        models[COMPILED] = {}
+    built = {name: build(overrides, device, dtype) for name, overrides in models.items()}
     config = next(iter(built.values()))[2]
     generator = torch.Generator().manual_seed(0)
     batch = torch.randint(0, 256, (config.train.batch_size, config.train.seq_len + 1), generator=generator)
     prompts = torch.randint(0, 256, (rows, grade_tokens), generator=generator)
     batch, prompts = batch.to(device), prompts.to(device)
-    step_s = {name: [] for name in MODELS}
-    grade_s = {name: [] for name in MODELS}
-    names = list(MODELS)
+    if args.compile_chunk:
+        built[COMPILED][0].compile_recurrence(args.compile_chunk)
+        compile_s = train_steps(*built[COMPILED][:2], batch, True, 2, sync) * 2
+        print(f"{COMPILED}: compiled in {compile_s:.0f} s (two steps)", flush=True)
+    step_s = {name: [] for name in models}
+    grade_s = {name: [] for name in models}
+    names = list(models)
     for rep in range(repeats):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
             model, optimizer, cfg = built[name]
@@ -127,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{statistics.median(grade_ratio):.2f} ({min(grade_ratio):.2f}-{max(grade_ratio):.2f}) |", flush=True)
     record = {"benchmark": "state_tracking_models", "command": command, "machine": machine, "steps": steps,
               "repeats": repeats, "batch": list(batch.shape), "graded": [rows, grade_tokens], "results": results}
+    if args.compile_chunk:
+        record["compile_chunk"], record["compile_s"] = args.compile_chunk, compile_s
     return write_record(args.out, record)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -401,6 +402,63 @@ def first_visible(query: int, window: int | None) -> int:
     return 0 if window is None else max(0, query - window + 1)
 
 
+def is_compile_failure(error: Exception) -> bool:
+    """Whether ``torch.compile`` failed to build a function (no C++ compiler, a backend error), not the function."""
+    from torch._dynamo.exc import BackendCompilerFailed  # torch.compile's own module, loaded when it runs
+
+    return isinstance(error, BackendCompilerFailed) or type(error).__name__ in ("InductorError", "CppCompileError")
+
+
+def windowed_token_steps(
+    model: FullBandLM,
+    embedded: torch.Tensor,
+    fuse: torch.Tensor,
+    state: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    segments: torch.Tensor,
+    pasts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    weights: list[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
+    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
+    ``embedded`` (B, C, D); ``fuse`` (B, C) whether a position is fused with the state before it (``state``
+    (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
+    document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
+    up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
+    (D, 3·H·hd) and (D, 2·d_ff). Returns the top states (B, C, D) and the pasts after the chunk."""
+    B, C, _ = embedded.shape
+    tops = []
+    for c in range(C):
+        x = embedded[:, c : c + 1]
+        if state is not None:
+            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, state.to(x.dtype)), x)
+        segment = segments[:, c : c + 1]
+        after = []
+        for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
+            attn = block.attn
+            q, k, v = (block.attn_norm(x) @ qkv).view(B, 1, 3 * attn.n_heads, attn.head_dim).transpose(1, 2).chunk(
+                3, dim=1)
+            q = q * cos[:, :, c : c + 1] + rotate_half(q) * sin[:, :, c : c + 1]
+            k = torch.cat([past_k, k * cos[:, :, c : c + 1] + rotate_half(k) * sin[:, :, c : c + 1]], dim=2)
+            v = torch.cat([past_v, v], dim=2)
+            key_segments = torch.cat([past_segments, segment], dim=1)
+            # Softmax attention written out: for one query and a few keys it fuses into the graph, where SDPA is
+            # one more kernel call (forward and backward) per step and layer.
+            scores = (q * attn.head_dim**-0.5) @ k.transpose(-1, -2)
+            scores = scores.masked_fill((key_segments != segment)[:, None, None, :], float("-inf"))
+            y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, 1, attn.n_heads * attn.head_dim)
+            x = x + attn.o_proj(y)
+            gate, up = (block.mlp_norm(x) @ gate_up).chunk(2, dim=-1)
+            x = x + block.mlp.down_proj(F.silu(gate) * up)
+            first = max(0, k.shape[2] - (attn.window - 1))  # the keys the next position still sees
+            after.append((k[:, :, first:], v[:, :, first:], key_segments[:, first:]))
+        pasts = after
+        state = model.norm(x)
+        tops.append(state)
+    return torch.cat(tops, dim=1), pasts
+
+
 # --------------------------------------------------------------------------------------------------
 
 
@@ -428,6 +486,10 @@ class FullBandLM(nn.Module):
         # Activation checkpointing (set_activation_checkpointing): 0 = off, N = every N-th block. A training
         # setting of this process, not of the model: it is not saved and changes no result.
         self.checkpoint_every = 0
+        # compile_recurrence: the compiled chunk function and its chunk length (None: the steps run one by one).
+        # A training setting of this process, not of the model: it is not saved.
+        self.compiled_steps = None
+        self.compiled_chunk = 0
         self.reset_parameters()
 
     def _apply(self, fn, recurse=True):
@@ -470,6 +532,65 @@ class FullBandLM(nn.Module):
         if every > len(self.layers):  # would checkpoint no block at all
             raise ValueError(f"activation checkpointing every {every} blocks: the model has only {len(self.layers)}")
         self.checkpoint_every = every
+
+    def compile_recurrence(self, chunk: int = 8, backend: str = "inductor") -> None:
+        """Run the recurrence's token steps with gradients (sequential training) ``chunk`` positions per call of a
+        ``torch.compile``d function (``windowed_token_steps``) instead of one small kernel call per operation: at
+        the state-tracking preset's width the steps are bound by the calls, not the FLOPs. The results equal the
+        uncompiled steps' up to rounding. Needs every layer to have a sliding window and plain attention (no QK
+        norm, output gate, grouped-query heads or QKV biases); a call with a KV cache, without gradients or with
+        padding (``attention_mask``) runs the steps uncompiled as before. ``chunk`` = 0 turns it off. The first
+        calls compile (minutes on a CPU for ``inductor``; each chunk length and batch size compiles once). Without
+        a working compiler (on a CPU, ``inductor`` needs a C++ compiler) the first call warns and the chunks run
+        uncompiled."""
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
+            raise ValueError(f"compile_recurrence: chunk must be 0 (off) or a positive number of positions, got "
+                             f"{chunk!r}")
+        if chunk == 0:
+            self.compiled_steps, self.compiled_chunk = None, 0
+            return
+        config = self.config
+        unsupported = [name for name, bad in (
+            ("a layer without a sliding window", any(block.attn.window is None for block in self.layers)),
+            ("qk_norm", config.qk_norm), ("attn_output_gate", config.attn_output_gate),
+            ("grouped-query heads (n_kv_heads < n_heads)", config.n_kv_heads != config.n_heads),
+            ("qkv_bias", config.qkv_bias)) if bad]
+        if unsupported:
+            raise ValueError(f"compile_recurrence: the compiled steps do not support {', '.join(unsupported)}; "
+                             "train this model with the uncompiled steps (chunk 0)")
+        self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True)
+        self.compiled_chunk = chunk
+
+    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments) -> torch.Tensor:
+        """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
+        B, T, _ = embedded.shape
+        layers = [block.attn for block in self.layers]
+        # Joined once per call, so each step multiplies once for q, k, v and once for gate, up; the gradients
+        # flow back through the join to the separate weights.
+        weights = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t(),
+                    torch.cat([block.mlp.gate_proj.weight, block.mlp.up_proj.weight]).t())
+                   for a, block in zip(layers, self.layers)]
+        pasts = [(embedded.new_zeros(B, a.n_heads, 0, a.head_dim), embedded.new_zeros(B, a.n_heads, 0, a.head_dim),
+                  segments.new_zeros(B, 0)) for a in layers]
+        tops = []
+        for start in range(0, T, self.compiled_chunk):
+            chunk = slice(start, start + self.compiled_chunk)
+            args = (self, embedded[:, chunk], fuse[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
+                    segments[:, chunk], pasts, weights)
+            try:
+                top, pasts = self.compiled_steps(*args)
+            except Exception as error:  # the compiler itself is missing or failed; the steps are still right eager
+                if self.compiled_steps is windowed_token_steps or not is_compile_failure(error):
+                    raise
+                warnings.warn(f"compile_recurrence: torch.compile failed ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}); the recurrence runs its token "
+                              "steps uncompiled (on a CPU, install a C++ compiler such as g++ for the compiled steps)",
+                              stacklevel=3)
+                self.compiled_steps = windowed_token_steps
+                top, pasts = windowed_token_steps(*args)
+            state = top[:, -1:]
+            tops.append(top)
+        return torch.cat(tops, dim=1)
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty cache for decoding ``batch_size`` rows of up to ``max_len`` positions."""
@@ -681,7 +802,8 @@ class FullBandLM(nn.Module):
         ``segment_ids`` (B, T): packed documents that do not see each other, positions restarting at each run
         (the caller marks each run's first position plain, see ``plain_positions``); not with a filled cache.
         ``logits_to_keep``: as in ``forward``. The top states go through the final norm and the head once, over
-        all positions, not T times."""
+        all positions, not T times. With gradients, no cache and no padding, a model set to ``compile_recurrence``
+        runs the steps in compiled chunks (the same results up to rounding)."""
         B, T = input_ids.shape
         keys = past_key_values
         if keys is None:
@@ -704,6 +826,11 @@ class FullBandLM(nn.Module):
                             else torch.arange(start, start + T, device=device).expand(B, T))
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
         cos, sin = self.rotary(position_ids, embedded.dtype)
+        if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
+            fuse = torch.ones_like(input_ids, dtype=torch.bool) if plain_mask is None else ~plain_mask
+            segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
+            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
+            return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
         column = torch.arange(start + T, device=device)
         itself = torch.ones(B, 1, dtype=torch.bool, device=device)
         tops = []
