@@ -99,16 +99,15 @@ ARMS: dict[str, dict[str, str]] = {
 BASELINE = {"model.sliding_window": "none", "train.schedule": "standard", "train.keep_best": "standard"}
 # torch's LSTM (model.arch lstm) through the same trainer, batches and curriculum, one pass, keeping the model of its
 # best validation: 2 layers of width 74 have 108,040 parameters, the preset FBT (width 64) 107,136 (98,816 without
-# its fusion). The window is an attention option an LSTM refuses, so it is unset.
-LSTM = {"model.arch": "lstm", "model.d_model": "74", "model.sliding_window": "none", "train.schedule": "standard",
-        "train.keep_best": "standard"}
+# its fusion). Its config keeps the preset's model fields an LSTM has (n_layers, max_seq_len, ...).
+LSTM = {"model.arch": "lstm", "model.d_model": "74", "train.schedule": "standard", "train.keep_best": "standard"}
 # A DeltaProduct linear RNN (model.arch deltaproduct: Siems et al. 2025, with Grazzi et al. 2025's negative
-# eigenvalues; fullband/deltaproduct.py) through the same trainer, batches and curriculum, one pass, keeping the model
-# of its best validation: the preset's width (64, 4 heads of 16) and 2 layers of DeltaProduct_2 with the MLP trimmed
-# from 128 to 104 to pay for the second Householder step's keys and values: 107,040 parameters, the preset FBT's
-# 107,136. The window is an attention option it refuses, so it is unset.
+# eigenvalues; fullband/baselines/deltaproduct.py) through the same trainer, batches and curriculum, one pass, keeping
+# the model of its best validation: the preset's width (64, 4 heads of 16) and 2 layers of DeltaProduct_2 with the MLP
+# trimmed from 128 to 104 to pay for the second Householder step's keys and values: 107,040 parameters, the preset
+# FBT's 107,136.
 DELTA = {"model.arch": "deltaproduct", "model.d_model": "64", "model.d_ff": "104", "model.householder_steps": "2",
-         "model.sliding_window": "none", "train.schedule": "standard", "train.keep_best": "standard"}
+         "train.schedule": "standard", "train.keep_best": "standard"}
 # Grading to 32x the training length needs the exact recurrence token by token (fused:exact, O(T)): fused:auto's
 # Jacobi passes cost O(T^2) token forwards (159 s for 200 rows at 270 tokens on one core, against 1.6 s).
 LENGTHS_32X = (1, 2, 4, 8, 16, 32)

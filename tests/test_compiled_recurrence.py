@@ -95,3 +95,85 @@ def test_models_the_compiled_steps_cannot_run_are_refused(overrides, message):
 def test_a_bad_chunk_is_refused(chunk):
     with pytest.raises(ValueError, match="chunk must be 0 .off. or a positive number"):
         make_model(sliding_window=4).compile_recurrence(chunk)
+
+
+# ---- through `fullband train` (train.compile_recurrence) ----------------------------------------------------------
+
+# The state-tracking preset at a tiny size, 6 steps of 4 windows of 32 tokens, validated at steps 3 and 6.
+TINY_PRESET = ["--model.d_model", "16", "--model.d_ff", "32", "--model.n_heads", "2", "--train.batch_size", "4",
+               "--train.tokens", str(6 * 4 * 32), "--train.eval_every", "3", "--eval.batches", "1",
+               "--eval.batch_size", "4", "--train.progress", "false", "--train.device", "cpu"]
+TRAIN_BACKEND = "aot_eager"  # what the trainer's torch.compile runs with here: a traced graph without a C++ build
+
+
+def _preset_run(tmp_path, name: str, *options: str) -> int:
+    """A tiny `fullband train --config state-tracking` run in tmp_path / name: the exit code."""
+    from fullband.cli import main
+    from fullband.data.synthetic import export_jsonl, state_tracking_task
+
+    source = export_jsonl(state_tracking_task("parity", 1, 8), tmp_path / "train.jsonl", 200, seed=0)
+    return main(["train", "--config", "state-tracking", "--data.source", str(source), "--data-dir",
+                 str(tmp_path / "data"), "--out-dir", str(tmp_path / name), *TINY_PRESET, *options])
+
+
+def _train_preset(tmp_path, name: str, *options: str) -> list[list[dict]]:
+    """``_preset_run``, which must succeed: its metrics.jsonl and eval.jsonl records."""
+    import json
+
+    assert _preset_run(tmp_path, name, *options) == 0
+    return [[json.loads(line) for line in (tmp_path / name / log).read_text().splitlines()]
+            for log in ("metrics.jsonl", "eval.jsonl")]
+
+
+def test_fullband_train_runs_the_compiled_steps_with_the_uncompiled_losses(tmp_path, monkeypatch, single_thread):
+    """train.compile_recurrence through the real trainer: every training step's token steps run chunk by chunk
+    through the compiled function, with the loss trajectory of the uncompiled steps; validation (no gradients)
+    never calls it. The trainer's torch.compile runs with the aot_eager backend here: with inductor (the option's
+    own backend) this test passes too, but its cold C++ build takes ~110 s."""
+    chunks = []
+    real_compile = torch.compile
+
+    def compile_for_the_test(function, **options):
+        compiled = real_compile(function, **{**options, "backend": TRAIN_BACKEND})
+
+        def counted(*args):
+            chunks.append((torch.is_grad_enabled(), args[1].shape[1]))  # args[1]: the chunk's embeddings
+            return compiled(*args)
+        return counted
+
+    monkeypatch.setattr(torch, "compile", compile_for_the_test)
+    metrics, evals = _train_preset(tmp_path, "uncompiled", "--train.compile_recurrence", "0")
+    assert chunks == []
+    compiled_metrics, compiled_evals = _train_preset(tmp_path, "compiled", "--train.compile_recurrence", "4")
+    assert chunks == [(True, 4)] * (6 * 32 // 4)  # every step, 8 chunks of 4 positions, all with gradients
+    assert [m["step"] for m in compiled_metrics] == [m["step"] for m in metrics] == list(range(1, 7))
+    for compiled, uncompiled in zip(compiled_metrics, metrics):
+        assert compiled["passes"] == uncompiled["passes"]
+        assert compiled["loss"] == pytest.approx(uncompiled["loss"], rel=0, abs=1e-5)
+    assert [e["step"] for e in compiled_evals] == [e["step"] for e in evals] == [3, 6]
+    for compiled, uncompiled in zip(compiled_evals, evals):
+        assert compiled["loss"]["sequential"] == pytest.approx(uncompiled["loss"]["sequential"], rel=0, abs=1e-5)
+
+
+def test_fullband_train_refuses_compiled_steps_the_model_cannot_take(tmp_path, capsys, single_thread):
+    from fullband.config import build_config
+    from fullband.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.compile_recurrence=-1 must be an integer >= 0"):
+        build_config({"train": {"compile_recurrence": -1}})
+    with pytest.raises(ConfigError, match="train.compile_recurrence expects an integer"):
+        build_config({"train": {"compile_recurrence": True}})
+    assert _preset_run(tmp_path, "negative", "--train.compile_recurrence", "-1") == 2
+    assert "train.compile_recurrence=-1 must be an integer >= 0" in capsys.readouterr().err
+    # full attention on every layer: refused before a step is taken, naming the option and the way out
+    assert _preset_run(tmp_path, "full_attention", "--model.sliding_window", "none",
+                       "--train.compile_recurrence", "8") == 2
+    err = capsys.readouterr().err
+    assert ("error: train.compile_recurrence=8 cannot run this model's token steps (compile_recurrence: the compiled "
+            "steps do not support a layer without a sliding window" in err), err
+    assert err.rstrip().endswith("set train.compile_recurrence 0") and "Traceback" not in err
+    assert not (tmp_path / "full_attention" / "metrics.jsonl").exists()
+    # where the token steps do not run (another schedule), the option has no effect and nothing is refused
+    metrics, _ = _train_preset(tmp_path, "standard", "--model.sliding_window", "none", "--train.schedule", "standard",
+                               "--train.keep_best", "standard", "--train.compile_recurrence", "8")
+    assert len(metrics) == 6

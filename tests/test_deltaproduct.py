@@ -1,7 +1,7 @@
-"""The DeltaProduct baseline (model.arch deltaproduct, fullband.deltaproduct): the cached decode equal to the full
-forward, left padding and packed documents that cannot move a state, the recurrence against its closed form with
-explicit Householder matrices, a reflection (beta near 2) that counts parity at any length, storage that restores
-the arch, the trainer's one-pass runs through the sweep's overrides, and what it refuses."""
+"""The DeltaProduct baseline (model.arch deltaproduct, fullband.baselines.deltaproduct): the cached decode equal to the
+full forward, left padding and packed documents that cannot move a state, the recurrence against its closed form
+with explicit Householder matrices, a reflection (beta near 2) that counts parity at any length, storage that
+restores the arch, the trainer's one-pass runs through the sweep's overrides, and what it refuses."""
 
 from __future__ import annotations
 
@@ -11,20 +11,21 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_recurrent import check_doors
+from test_lstm import check_doors
 from test_train import steps_of
 
 from experiments.sweeps import DELTA
 from fullband.architectures import build_model, load_pretrained
+from fullband.baselines import BaselineConfig, DeltaProductLM
+from fullband.baselines.deltaproduct import DeltaProductMixer, delta_product_scan
 from fullband.config import build_config, load_config
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import export_jsonl, state_tracking_task
 from fullband.decoding import DecodeSettingsError
-from fullband.deltaproduct import DeltaProductLM, DeltaProductMixer, delta_product_scan
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, score_continuations
 from fullband.loading import PRESET_DIR, load_model
-from fullband.model import FullBandConfig, FullBandLM
+from fullband.model import FullBandLM
 from fullband.train import train
 
 V = 29
@@ -34,7 +35,7 @@ def delta(seed: int = 0, tie: bool = True, steps: int | None = None) -> DeltaPro
     """A tiny float64 DeltaProduct model (2 layers, 3 heads of 4) with random norm gains, so a norm applied in the
     wrong place cannot agree; init_std 0.5 spreads beta over (0, 2), reflections included."""
     torch.manual_seed(seed)
-    model = build_model(FullBandConfig(vocab_size=V, d_model=12, n_layers=2, n_heads=3, d_ff=16, arch="deltaproduct",
+    model = build_model(BaselineConfig(vocab_size=V, d_model=12, n_layers=2, n_heads=3, d_ff=16, arch="deltaproduct",
                                        householder_steps=steps, max_seq_len=64, tie_embeddings=tie, init_std=0.5))
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -214,7 +215,7 @@ def parity_model() -> DeltaProductLM:
     does nothing (beta = 2 sigmoid(-20)) on a 0, along the fixed key e_0 with the value e_0: the state's entry
     s = S[0, 0] goes s -> 2 - s on a 1, so it is 0 after an even number of ones and 2 after an odd one. The second
     step's key is 0 (no update), the MLP is 0, and the head compares s with 1."""
-    model = build_model(FullBandConfig(vocab_size=2, d_model=4, n_layers=1, n_heads=1, d_ff=4, arch="deltaproduct",
+    model = build_model(BaselineConfig(vocab_size=2, d_model=4, n_layers=1, n_heads=1, d_ff=4, arch="deltaproduct",
                                        max_seq_len=4096, tie_embeddings=False)).double().eval()
     mixer = model.layers[0].mixer
     with torch.no_grad():
@@ -273,7 +274,7 @@ def test_storage_restores_the_arch_and_its_householder_steps(tmp_path):
     assert isinstance(loaded, DeltaProductLM) and isinstance(load_pretrained(tmp_path), DeltaProductLM)
     ids = torch.randint(0, V, (2, 9))
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="arch 'fbt' model"):
+    with pytest.raises(ValueError, match="model.arch 'deltaproduct' model, not the transformer"):
         FullBandLM.from_pretrained(tmp_path)
 
 
@@ -293,20 +294,22 @@ def test_feedback_passes_and_bad_configs_are_refused():
     with pytest.raises(ValueError, match="cannot be combined with a recurrent-state cache"):
         model(ids, segment_ids=torch.zeros_like(ids), use_cache=True)
 
-    assert FullBandConfig(arch="deltaproduct").householder_steps == 2  # DeltaProduct_2 unless told
-    assert FullBandConfig().householder_steps is None and FullBandConfig(arch="lstm").householder_steps is None
-    bad = [({"sliding_window": 4}, "sliding_window.*model.arch deltaproduct has no attention"),
-           ({"householder_steps": 0}, "householder_steps.*positive integer"),
-           ({"d_model": 10, "n_heads": 4}, "d_model.*divisible by n_heads"),
-           ({"n_heads": 4, "n_kv_heads": 2}, "n_kv_heads.*does not apply")]
+    assert BaselineConfig(arch="deltaproduct").householder_steps == 2  # DeltaProduct_2 unless told
+    assert BaselineConfig(arch="lstm").householder_steps is None
+    bad = [({"householder_steps": 0}, "householder_steps.*positive integer"),
+           ({"d_model": 10, "n_heads": 4}, "d_model.*divisible by n_heads")]
     for fields, message in bad:
         with pytest.raises(ValueError, match=message):
-            FullBandConfig(arch="deltaproduct", **fields)
-    for arch in ("fbt", "lstm"):
-        with pytest.raises(ValueError, match=f"householder_steps.*model.arch {arch} has no Householder"):
-            FullBandConfig(arch=arch, householder_steps=2)
-    with pytest.raises(ValueError, match="allowed values: fbt, lstm, deltaproduct"):
-        FullBandConfig(arch="mamba")
+            BaselineConfig(arch="deltaproduct", **fields)
+    with pytest.raises(ValueError, match="householder_steps.*model.arch lstm has no Householder"):
+        BaselineConfig(arch="lstm", householder_steps=2)
+    with pytest.raises(ConfigError, match="model.householder_steps: a field of BaselineConfig, not of this"):
+        build_config({"model": {"householder_steps": 2}})
+    for section, message in (({"arch": "deltaproduct", "sliding_window": 4}, "sliding_window: a field of FullBand"),
+                             ({"arch": "deltaproduct", "n_kv_heads": 2}, "n_kv_heads: a field of FullBandConfig"),
+                             ({"arch": "mamba"}, "allowed values: fbt, lstm, deltaproduct")):
+        with pytest.raises(ConfigError, match=message):
+            build_config({"model": section})
     model_section = {"arch": "deltaproduct"}
     for schedule in ("paper", "exact", "fixed:2"):
         with pytest.raises(ConfigError, match="model.arch deltaproduct has no latent feedback.*schedule standard"):

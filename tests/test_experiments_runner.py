@@ -24,7 +24,8 @@ from fullband.loading import PRESET_DIR
 ROOT = Path(__file__).resolve().parents[1]
 # 20 steps of 4 windows on a tiny model, a checkpoint and a validation every 5: long enough to be killed mid-run
 TINY = {"train.tokens": "2560", "train.batch_size": "4", "train.eval_every": "5", "train.ckpt_every": "5",
-        "eval.batches": "1", "model.d_model": "16", "model.d_ff": "32", "model.n_heads": "2"}
+        "eval.batches": "1", "model.d_model": "16", "model.d_ff": "32", "model.n_heads": "2",
+        "train.compile_recurrence": "0"}  # the token steps uncompiled: no cold compile (~150 s) in a test
 SWEEP_ARGS = {"name": "tiny", "doc": "a test", "tasks": ["parity"], "seeds": [0], "overrides": TINY, "moves": 4,
               "records": 400, "lengths": [1, 2], "test_rows": 10, "val_seed": 30_000, "modes": "standard,fused:exact"}
 SWEEP = StateTrackingSweep(**SWEEP_ARGS)

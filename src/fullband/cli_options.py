@@ -5,11 +5,10 @@ import the ``fullband`` command itself."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import typing
 from typing import Any
 
-from fullband.config import SECTIONS, field_help
+from fullband.config import SECTIONS, field_help, section_fields
 from fullband.loading import PRESET_DIR
 
 
@@ -22,15 +21,14 @@ def _type_name(annotation: Any) -> str:
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
                         + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
-    for section, cls in SECTIONS.items():
+    for section in SECTIONS:
         group = parser.add_argument_group(f"{section} options")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for owner, f, default in section_fields(section):
+            hints = typing.get_type_hints(owner)
             group.add_argument(
                 f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
                 metavar=_type_name(hints[f.name]),
-                help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
+                help=f"{field_help(owner, f.name)} (default: {default!r})".replace("%", "%%"),
             )
 
 

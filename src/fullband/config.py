@@ -15,9 +15,11 @@ from typing import Any
 
 import yaml
 
+from fullband.architectures import FBT, ModelConfig, arch_of, config_class, config_fields, model_class
+from fullband.baselines import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig
 from fullband.data.config import DataConfig
 from fullband.errors import ConfigError
-from fullband.model import RECURRENT_ARCHS, FullBandConfig
+from fullband.model import FullBandConfig
 from fullband.schedule import EXACT, EXACT_MODES, PASS_LOSSES, PassSchedule
 
 
@@ -55,9 +57,18 @@ class TrainConfig:
         "jacobi",
         "how schedule exact computes the exact recurrence: 'jacobi' (K passes over all positions, K = the longest "
         "document) or 'sequential' (token by token with backpropagation through the steps: the FLOPs of one pass; "
-        "with schedule exact it needs pass_loss last, model.feedback_jitter 0, grad_passes 0, detach_passes false, "
+        "with schedule exact it needs pass_loss last, grad_passes 0, detach_passes false, "
         "compile false, parallel ddp; see docs/method.md §5). Other schedules have no exact pass: there it has no "
         "effect, so a preset's baseline can override train.schedule alone",
+    )
+    compile_recurrence: int = _f(
+        0,
+        "positions of the exact recurrence's token steps per compiled call (train.exact_mode sequential): 0 = off "
+        "(one kernel call per operation), 8 = the state-tracking preset; needs a sliding window on every layer and "
+        "plain attention (no qk_norm, attn_output_gate, grouped-query heads or qkv_bias); the first steps compile "
+        "(~2-3 min on a CPU). Results equal the uncompiled steps' up to rounding. Where the token steps do not run "
+        "(another schedule, or exact_mode jacobi) it has no effect, so a preset's baseline can override "
+        "train.schedule or train.exact_mode alone",
     )
     later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
     pass_loss: str = _f(
@@ -153,21 +164,24 @@ class EvalConfig:
 REMOVED_OPTIONS = ("model.embed_norm", "train.last_pass_loss_from", "train.later_pass_weight_ramp",
                    "train.fusion_lr_multiplier", "train.fusion_warmup_steps")
 
+# The model section's class is that of its model.arch (fullband.architectures): FullBandConfig unless it names another.
 SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
+MODEL_CONFIGS = (FullBandConfig, BaselineConfig)
 
 # Fields that may differ between a run and its resumption: they change logging, not the computation.
 RESUMABLE_CHANGES = {
     "train.device", "train.progress", "train.log_every", "train.tensorboard", "train.wandb", "train.eval_every",
     "train.ckpt_every", "train.keep_checkpoints", "train.checkpoint_format", "train.stop_after_steps",
     "train.max_bad_steps",
-    "train.compile", "train.activation_checkpointing", "eval.batches", "eval.batch_size", "eval.fused_passes",
+    "train.compile", "train.compile_recurrence", "train.activation_checkpointing",
+    "eval.batches", "eval.batch_size", "eval.fused_passes",
     "eval.sequential", "eval.at_start",
 }
 
 
 @dataclass
 class RunConfig:
-    model: FullBandConfig = field(default_factory=FullBandConfig)
+    model: ModelConfig = field(default_factory=FullBandConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -206,6 +220,10 @@ class RunConfig:
             raise ConfigError(f"train.adam_eps={t.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps)")
         if t.grad_passes < 0:
             raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
+        if isinstance(t.compile_recurrence, bool) or not isinstance(t.compile_recurrence, int) or (
+                t.compile_recurrence < 0):
+            raise ConfigError(f"train.compile_recurrence={t.compile_recurrence!r} must be an integer >= 0 (positions "
+                              "per compiled call of the token steps; 0 = off)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
             raise ConfigError("train.decay_fraction and train.prefix_mixin must lie in [0, 1]")
         if not 0 <= t.length_curriculum <= 1:
@@ -213,10 +231,10 @@ class RunConfig:
                               "steps; 0 = no curriculum)")
         if self.eval.fused_passes < 0 or self.eval.batches < 1 or self.eval.batch_size < 1:
             raise ConfigError("eval.batches and eval.batch_size must be >= 1 and eval.fused_passes >= 0")
-        # The recurrent baselines (lstm, deltaproduct) have one pass and no feedback: no Jacobi or exact schedule,
-        # no fused or sequential loss to keep, and no transformer blocks to shard or recompute.
-        arch = self.model.arch
-        recurrent = arch in RECURRENT_ARCHS
+        # The recurrent baselines have one pass and no feedback: no Jacobi or exact schedule, no fused or sequential
+        # loss to keep, and no transformer blocks to shard or recompute.
+        arch = arch_of(self.model)
+        recurrent = not model_class(arch).has_feedback
         if t.keep_best:
             reported = ["standard", *(f"fused({k})" for k in range(1, self.eval.fused_passes + 1))]
             reported += ["sequential"] if self.eval.sequential else []
@@ -260,9 +278,6 @@ class RunConfig:
         conflicts = [
             (t.pass_loss != "last", f"train.pass_loss={t.pass_loss!r} scores the plain and intermediate Jacobi passes, "
                                     "which the token steps never compute; set train.pass_loss last"),
-            (self.model.feedback_jitter > 0, f"model.feedback_jitter={self.model.feedback_jitter}: the Jacobi path "
-                                             "jitters each pass's states, which has no token-by-token form; set "
-                                             "model.feedback_jitter 0"),
             (t.grad_passes > 0, f"train.grad_passes={t.grad_passes} truncates Jacobi passes; there are none: set 0"),
             (t.detach_passes, "train.detach_passes detaches states between Jacobi passes; there are none: set false"),
             (t.compile, "train.compile compiles FullBandLM.forward, which the token steps do not call: set false"),
@@ -423,17 +438,17 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         values[section][key] = (text, True)
     built = {}
     for section, cls in SECTIONS.items():
+        given = values[section]
+        if section == "model":
+            cls, given = _model_section(given, (raw.get("model") or {}).get("arch", FBT), source)
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {}
-        for key, (value, from_cli) in values[section].items():
+        for key, (value, from_cli) in given.items():
             if f"{section}.{key}" in REMOVED_OPTIONS:
                 where = f"--{section}.{key}" if from_cli else f"{source}: {section}.{key}"
                 raise ConfigError(f"{where}: this option was removed from fullband; leave it out")
             if key not in known:
-                close = [k for k in sorted(known) if k.startswith(key[:3])]
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
-                what = f"unknown option --{section}.{key}" if from_cli else f"{source}: unknown field {section}.{key}"
-                raise ConfigError(f"{what}.{hint} Known {section} fields: {', '.join(sorted(known))}")
+                raise ConfigError(_unknown_field(section, key, known, from_cli, source))
             kwargs[key] = coerce(value, _type_of(cls, key), f"{section}.{key}", from_cli)
         try:
             built[section] = cls(**kwargs)
@@ -444,6 +459,40 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
     config = RunConfig(**built)
     config.validate()
     return config
+
+
+def _model_section(given: dict[str, tuple[Any, bool]], file_arch: Any,
+                   source: str) -> tuple[type, dict[str, tuple[Any, bool]]]:
+    """The model section's class (that of its model.arch) and fields. An arch set on the command line over the
+    file's keeps the file's model fields that the new kind has and drops the others, so that
+    a baseline set on the command line over the state-tracking preset has the preset's width and depth."""
+    given = dict(given)
+    value, from_cli = given.pop("arch", (FBT, False))
+    arch = coerce(value, str, "model.arch", from_cli)
+    try:
+        cls = config_class(arch)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    known = {f.name for f in dataclasses.fields(cls)}
+    if from_cli and arch != file_arch:
+        given = {key: (value, cli) for key, (value, cli) in given.items() if cli or key in known}
+    stored = config_fields(arch, {key: value for key, (value, cli) in given.items() if not cli})
+    kept = {key: entry for key, entry in given.items() if entry[1] or key in stored}
+    if "arch" in known:
+        kept["arch"] = (arch, False)
+    return cls, kept
+
+
+def _unknown_field(section: str, key: str, known: set[str], from_cli: bool, source: str) -> str:
+    what = f"unknown option --{section}.{key}" if from_cli else f"{source}: unknown field {section}.{key}"
+    if section == "model":
+        owners = [cls for cls in MODEL_CONFIGS if key in {f.name for f in dataclasses.fields(cls)}]
+        if owners:
+            return (f"{what}: a field of {owners[0].__name__}, not of this model.arch's config. Known model fields: "
+                    f"{', '.join(sorted(known))}")
+    close = [k for k in sorted(known) if k.startswith(key[:3])]
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return f"{what}.{hint} Known {section} fields: {', '.join(sorted(known))}"
 
 
 def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> RunConfig:
@@ -464,6 +513,18 @@ def field_help(cls: type, name: str) -> str:
         if f.name == name:
             return f.metadata.get("help", MODEL_HELP.get(name, DATA_HELP.get(name, "")))
     return ""
+
+
+def section_fields(section: str) -> list[tuple[type, dataclasses.Field, Any]]:
+    """The fields a section's options can set, with the class of each and its default: for the model section,
+    those of every model kind's config (the transformer's first; model.arch defaults to it)."""
+    classes = MODEL_CONFIGS if section == "model" else (SECTIONS[section],)
+    seen: dict[str, tuple[type, dataclasses.Field, Any]] = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            seen.setdefault(f.name, (cls, f, FBT if (section, f.name) == ("model", "arch") else default))
+    return list(seen.values())
 
 
 MODEL_HELP = {
@@ -491,11 +552,9 @@ MODEL_HELP = {
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
     "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
                    "model; for mid-training a pretrained one)",
-    "arch": "'fbt' (the full-bandwidth transformer), 'lstm' (a recurrent baseline: torch's nn.LSTM, n_layers of "
-            "width d_model) or 'deltaproduct' (a linear RNN baseline: n_layers DeltaProduct blocks of n_heads heads "
-            "and a d_ff MLP); the baselines take no attention options, train.schedule standard, standard decoding "
-            "only",
-    "householder_steps": "model.arch deltaproduct: Householder transitions per token (n_h; 1 = DeltaNet); None = 2",
+    "arch": f"'fbt' (the full-bandwidth transformer) or a recurrent baseline: {BASELINE_ARCH_HELP}; set on the "
+            "command line over a config file of another arch, it keeps the file's model fields the new kind has",
+    **BASELINE_FIELD_HELP,
 }
 
 

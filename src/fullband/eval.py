@@ -51,7 +51,7 @@ def evaluate(
     (the model is evaluated with every position fused, document starts plain); sequential = the exact
     token-by-token recurrence, what soft decoding computes (one forward call per position).
     """
-    # A model without feedback (an LSTM) has one pass and no recurrence to run: its standard loss is all it has.
+    # A model without feedback (a recurrent baseline) has one pass and no recurrence: its standard loss is all it has.
     passes = fused_passes + 1 if model.has_feedback else 1
     sequential = sequential and model.has_feedback
     was_training = model.training

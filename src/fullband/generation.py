@@ -24,12 +24,9 @@ from typing import Any
 
 import torch
 
-from fullband.architectures import LanguageModel
+from fullband.architectures import LanguageModel, ModelCache
 from fullband.decoding import DecodeSettings, DecodeSettingsError
-from fullband.deltaproduct import DeltaState
-from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, ModelOutput, mask_positions
-from fullband.recurrent import RecurrentState
 from fullband.sampling import BatchAdjuster, LogitsAdjustments, RequestLimits, check_request, check_token_ids
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "sample_next",
@@ -129,7 +126,7 @@ def _prefill_prompts(
     mask: torch.Tensor,
     new_tokens: int,
     settings: DecodeSettings,
-) -> tuple[ModelOutput, KVCache | RecurrentState | DeltaState, torch.Tensor]:
+) -> tuple[ModelOutput, ModelCache, torch.Tensor]:
     """The prompt phase of decoding, shared by generation and scoring: left-padded prompts prefilled into
     a cache with room for ``new_tokens`` more positions (plain, or plus fused passes in fused mode).
     Returns the prefill output (last position's logits, every position's states), the cache and each

@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> None:
     except ImportError as exc:
         raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
     model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
-    refuse_arch(model, "fullband jacobi")  # fused passes: what an LSTM has none of
+    refuse_arch(model, "fullband jacobi")  # fused passes: what a recurrent baseline has none of
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     if seq_len > model.config.max_seq_len:
         raise FullbandError(f"--seq-len {seq_len} exceeds the model's max_seq_len {model.config.max_seq_len}")

@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fullband.architectures import LanguageModel, load_pretrained
+from fullband.architectures import LanguageModel, config_from_dict, load_pretrained
 from fullband.data import PreparedDataset, Tokenizer, load_tokenizer, open_dataset
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.model import FullBandConfig, FullBandLM
+from fullband.model import FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import BEST, find_tokenizer_dir, read_safetensors, resolve_model_dir
 
@@ -134,8 +134,8 @@ def _load_hf_export(path: Path, hf_config: dict, device: str, dtype: torch.dtype
     state = {k.removeprefix("model."): v for k, v in state.items()}
     stored = next(iter(state.values())).dtype
     try:
-        model = FullBandLM.from_weights(FullBandConfig.from_dict(hf_config["fullband"]), state, device,
-                                        dtype or stored, source=str(path))
+        config = config_from_dict(hf_config["fullband"], f"{path / 'config.json'}")
+        model = FullBandLM.from_weights(config, state, device, dtype or stored, source=str(path))
     except ValueError as exc:
         raise FullbandError(str(exc)) from None
     # The export's decode defaults (its generate()'s) are this model's: the same settings at every door.

@@ -27,17 +27,6 @@ from torch.utils.checkpoint import checkpoint
 # Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
 from .kv_cache import KVCache
 
-# The model kinds of a config: the full-bandwidth transformer (this file) and two recurrent baselines, torch's LSTM
-# (fullband/recurrent.py) and a DeltaProduct linear RNN (fullband/deltaproduct.py), which have no attention and no
-# latent feedback.
-ARCHS = ("fbt", "lstm", "deltaproduct")
-RECURRENT_ARCHS = ("lstm", "deltaproduct")
-# Householder steps per token of a DeltaProduct layer when a config names none: DeltaProduct_2 (Siems et al. 2025).
-DEFAULT_HOUSEHOLDER_STEPS = 2
-# Attention options a recurrent baseline has no use for: its config must leave them unset, so none is silently
-# ignored.
-ATTENTION_OPTIONS = {"sliding_window": None, "full_attention_every": 0, "qk_norm": False, "qkv_bias": False,
-                     "attn_output_gate": False, "rope_scaling": None, "head_dim": None}
 FUSIONS = ("gate", "concat", "add")
 # How the fusion's weights start: "random" (normal, like every other weight; the paper) or "identity" (add only:
 # W = 0, so e ⊗ h = e and every decode mode computes exactly the standard model until training moves W).
@@ -80,21 +69,10 @@ class FullBandConfig:
     init_std: float = 0.02
     gate_init_std: float | None = None  # W_G's init std (gate fusions); None = init_std
     fusion_init: str = "random"
-    # "fbt" (FullBandLM) or "lstm" (fullband.recurrent.LSTMLM: embedding, torch's nn.LSTM of n_layers layers of
-    # width d_model, RMSNorm and the head; the attention and fusion fields do not apply to it). config.json
-    # records it, so every loader builds the right class (fullband.architectures.load_pretrained). "deltaproduct":
-    # fullband.deltaproduct.DeltaProductLM, n_layers blocks of a DeltaProduct mixer (n_heads heads of d_model //
-    # n_heads) and the SwiGLU MLP (d_ff).
-    arch: str = "fbt"
-    # deltaproduct only: the Householder transitions per token (n_h; 1 is DeltaNet). None: DEFAULT_HOUSEHOLDER_STEPS
-    # for deltaproduct (resolved here, so config.json records the number), and the only value the other archs take.
-    householder_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        if self.arch == "deltaproduct" and self.householder_steps is None:
-            self.householder_steps = DEFAULT_HOUSEHOLDER_STEPS
         self.validate()
 
     def _fail(self, name: str, message: str) -> None:
@@ -104,21 +82,6 @@ class FullBandConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 self._fail(name, "must be a positive integer")
-        if self.arch not in ARCHS:
-            self._fail("arch", f"allowed values: {', '.join(ARCHS)}")
-        if self.arch != "deltaproduct" and self.householder_steps is not None:
-            self._fail("householder_steps", f"a DeltaProduct option; model.arch {self.arch} has no Householder "
-                                            "transitions: leave it at None")
-        if self.arch in RECURRENT_ARCHS:
-            for name, unset in ATTENTION_OPTIONS.items():
-                if getattr(self, name) != unset:
-                    self._fail(name, f"an attention option; model.arch {self.arch} has no attention: leave it at "
-                                     f"{unset!r}")
-            if self.norm_eps <= 0 or self.init_std <= 0:
-                raise ValueError("FullBandConfig: norm_eps and init_std must be > 0")
-            if self.arch == "deltaproduct":
-                self._validate_deltaproduct()
-            return
         if self.head_dim is None and self.d_model % self.n_heads:
             self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (or set head_dim)")
         if self.head_dim is not None and (self.head_dim < 2 or self.head_dim % 2):
@@ -152,17 +115,6 @@ class FullBandConfig:
             if rope_type not in ROPE_TYPES:
                 self._fail("rope_scaling", f"rope_type must be one of {', '.join(ROPE_TYPES)}")
 
-    def _validate_deltaproduct(self) -> None:
-        steps = self.householder_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            self._fail("householder_steps", "must be a positive integer (1 = DeltaNet, 2 = DeltaProduct_2)")
-        if self.d_model % self.n_heads:
-            self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (a DeltaProduct head is "
-                                  "d_model // n_heads wide)")
-        if self.n_kv_heads != self.n_heads:
-            self._fail("n_kv_heads", f"grouped-query attention does not apply to model.arch deltaproduct: leave it "
-                                     f"at None (n_heads={self.n_heads})")
-
     @property
     def resolved_head_dim(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
@@ -177,6 +129,11 @@ class FullBandConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FullBandConfig:
+        data = dict(data)
+        arch = data.pop("arch", "fbt")  # config.json names the model kind for the others (fullband.architectures)
+        if arch != "fbt":
+            raise ValueError(f"FullBandConfig: this is the config of a model.arch {arch!r} model, not the transformer "
+                             "(fbt); load it with fullband.architectures.load_pretrained")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -419,6 +376,7 @@ def windowed_token_steps(
     segments: torch.Tensor,
     pasts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     weights: list[tuple[torch.Tensor, torch.Tensor]],
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
     function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
@@ -426,13 +384,15 @@ def windowed_token_steps(
     (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
     document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
     up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
-    (D, 3·H·hd) and (D, 2·d_ff). Returns the top states (B, C, D) and the pasts after the chunk."""
+    (D, 3·H·hd) and (D, 2·d_ff). ``noise`` (B, C, D): added to the state each position is fused with (None: none).
+    Returns the top states (B, C, D) and the pasts after the chunk."""
     B, C, _ = embedded.shape
     tops = []
     for c in range(C):
         x = embedded[:, c : c + 1]
         if state is not None:
-            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, state.to(x.dtype)), x)
+            fed = state if noise is None else state + noise[:, c : c + 1]
+            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, fed.to(x.dtype)), x)
         segment = segments[:, c : c + 1]
         after = []
         for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
@@ -467,9 +427,9 @@ class FullBandLM(nn.Module):
 
     def __init__(self, config: FullBandConfig):
         super().__init__()
-        if config.arch != "fbt":
-            raise ValueError(f"FullBandConfig.arch={config.arch!r}: FullBandLM is the arch 'fbt' model; build or load "
-                             "another arch with fullband.architectures (build_model, load_pretrained)")
+        if not isinstance(config, FullBandConfig):
+            raise TypeError(f"FullBandLM takes a FullBandConfig, got {type(config).__name__}; build other model kinds "
+                            "with fullband.architectures.build_model")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
@@ -561,7 +521,7 @@ class FullBandLM(nn.Module):
         self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True)
         self.compiled_chunk = chunk
 
-    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments) -> torch.Tensor:
+    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments, noise=None) -> torch.Tensor:
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
         B, T, _ = embedded.shape
         layers = [block.attn for block in self.layers]
@@ -576,7 +536,7 @@ class FullBandLM(nn.Module):
         for start in range(0, T, self.compiled_chunk):
             chunk = slice(start, start + self.compiled_chunk)
             args = (self, embedded[:, chunk], fuse[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
-                    segments[:, chunk], pasts, weights)
+                    segments[:, chunk], pasts, weights, None if noise is None else noise[:, chunk])
             try:
                 top, pasts = self.compiled_steps(*args)
             except Exception as error:  # the compiler itself is missing or failed; the steps are still right eager
@@ -787,6 +747,7 @@ class FullBandLM(nn.Module):
         segment_ids: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         logits_to_keep: int = 0,
+        state_noise: torch.Tensor | None = None,
     ) -> ModelOutput:
         """The exact recurrence (docs/method.md §2) over ``input_ids`` (B, T), teacher-forced, one token step at a
         time: position t is fused with the top state of position t - 1, computed in the step before, unless
@@ -803,7 +764,9 @@ class FullBandLM(nn.Module):
         (the caller marks each run's first position plain, see ``plain_positions``); not with a filled cache.
         ``logits_to_keep``: as in ``forward``. The top states go through the final norm and the head once, over
         all positions, not T times. With gradients, no cache and no padding, a model set to ``compile_recurrence``
-        runs the steps in compiled chunks (the same results up to rounding)."""
+        runs the steps in compiled chunks (the same results up to rounding). ``state_noise`` (B, T, D): added to the
+        state position t is fused with (training's ``feedback_jitter``: the next steps must survive a perturbed
+        state); the state carried on is the unperturbed one."""
         B, T = input_ids.shape
         keys = past_key_values
         if keys is None:
@@ -829,7 +792,7 @@ class FullBandLM(nn.Module):
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
             fuse = torch.ones_like(input_ids, dtype=torch.bool) if plain_mask is None else ~plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
-            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
+            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments, state_noise)
             return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
         column = torch.arange(start + T, device=device)
         itself = torch.ones(B, 1, dtype=torch.bool, device=device)
@@ -837,7 +800,8 @@ class FullBandLM(nn.Module):
         for t in range(T):
             x = embedded[:, t : t + 1]
             if state is not None:
-                fused = self.fusion(x, state.to(x.dtype))
+                fed = state if state_noise is None else state + state_noise[:, t : t + 1]
+                fused = self.fusion(x, fed.to(x.dtype))
                 x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
             q = start + t  # this step's column
             masks: dict[int | None, torch.Tensor | None] = {}

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> None:
     base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:
-        decode_settings(model, mode)  # a mode the model cannot decode in (an LSTM's soft) fails before any task runs
+        decode_settings(model, mode)  # a mode the model cannot decode in (a baseline's soft) fails before any task runs
     print("decode settings: " + ", ".join(m.describe() for m in modes), file=sys.stderr)
     settings = BenchSettings(
         model=str(Path(args.model).resolve()), modes=[m.label for m in modes], temperatures=temperatures,

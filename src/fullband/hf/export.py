@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from fullband.architectures import load_pretrained, stored_arch
+from fullband.architectures import FBT, load_pretrained, stored_arch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
@@ -70,7 +70,7 @@ def export_hf(
     from fullband.hf.modeling_fullband import FullBandForCausalLM
 
     model_dir, dst = resolve_model_dir(source), Path(dst)
-    if stored_arch(model_dir) != "fbt":
+    if stored_arch(model_dir) != FBT:
         raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
                               f"{model_dir} is arch {stored_arch(model_dir)!r}")
     try:

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fullband.architectures import LanguageModel, build_model, stored_arch
+from fullband.architectures import FBT, LanguageModel, arch_of, build_model, config_from_dict, stored_arch
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
 from fullband.data.shards import IGNORE_INDEX
@@ -185,11 +185,11 @@ class Trainer:
         model_cfg = self.cfg.model
         if self.init_from is not None:
             model_dir = resolve_model_dir(self.init_from, hashes=True)  # weights to train on: hashed
-            other = next((arch for arch in (model_cfg.arch, stored_arch(model_dir)) if arch != "fbt"), None)
+            other = next((arch for arch in (arch_of(model_cfg), stored_arch(model_dir)) if arch != FBT), None)
             if other is not None:
                 raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); a "
                                   f"recurrent baseline (model.arch {other}) trains from scratch here: drop --init-from")
-            base = FullBandConfig.load(model_dir / "config.json").to_dict()
+            base = config_from_dict(json.loads((model_dir / "config.json").read_text()), str(model_dir)).to_dict()
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
             # Kept fusion weights keep their kind; only the training jitter comes from this run's config.
             base.update({k: getattr(model_cfg, k) for k in (("feedback_jitter",) if self._keep_fusion
@@ -285,6 +285,14 @@ class Trainer:
                 checkpoint_interval(self.train_cfg.activation_checkpointing))
         if self.train_cfg.compile:
             model.compile()
+        if self.train_cfg.compile_recurrence and self.sequential and isinstance(model, FullBandLM):
+            # Sequential training's token steps, a chunk of positions per compiled call: set on the raw model, which
+            # the objective (and DDP around it) calls. Evaluation runs without gradients, so uncompiled.
+            try:
+                model.compile_recurrence(self.train_cfg.compile_recurrence)
+            except ValueError as exc:
+                raise ConfigError(f"train.compile_recurrence={self.train_cfg.compile_recurrence} cannot run this "
+                                  f"model's token steps ({exc}): set train.compile_recurrence 0") from None
         objective: nn.Module = MultipassObjective(model)
         if self.world_size > 1:
             if self.train_cfg.parallel == "fsdp":
@@ -410,11 +418,11 @@ class Trainer:
         position and best model of the checkpoint a resumed run starts from."""
         t = self.train_cfg
         self.dataset, self.model = dataset, model
-        self.objective = self._wrap(model)
-        self.optimizers = build_optimizers(model, t)
         self.schedule = PassSchedule.parse(t.schedule)
         # train.exact_mode applies to the exact schedule only (other schedules have no exact pass)
         self.sequential = self.schedule.exact and t.exact_mode == "sequential"
+        self.objective = self._wrap(model)
+        self.optimizers = build_optimizers(model, t)
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
         # The format written; resuming reads either, whatever world size wrote it (DCP reshards).
         self.checkpoint_format = t.checkpoint_format if t.checkpoint_format != "auto" else (
@@ -566,7 +574,8 @@ class Trainer:
                       segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators, label_count=label_count)
         if self.sequential:
             # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
-            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0)
+            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0,
+                           jitter=self.model.config.feedback_jitter)
         else:
             options = dict(prefix_mixin=t.prefix_mixin, detach=t.detach_passes, later_pass_weight=t.later_pass_weight,
                            pass_loss=t.pass_loss, backward_scale=self.per_pass_backward,

@@ -41,16 +41,17 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import maybe_prefix
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
+from fullband.architectures import config_from_dict
 from fullband.decoding import EXACT
 from fullband.model import FullBandConfig, Fusion, RMSNorm, rope_inv_freq, rotate_half
 from fullband.vllm.config import served_settings
 
 
 def _fullband_config(hf_config) -> FullBandConfig:
-    config = FullBandConfig.from_dict(hf_config.fullband or {})
-    if config.arch != "fbt":
-        raise ValueError(f"the fullband vLLM plugin serves model.arch fbt (the transformer); this export is arch "
-                         f"{config.arch!r}: serve it with `fullband serve`")
+    config = config_from_dict(hf_config.fullband or {}, "the export's config.json")
+    if not isinstance(config, FullBandConfig):
+        raise ValueError("the fullband vLLM plugin serves the transformer (model.arch fbt); this export holds "
+                         "another model kind: serve it with `fullband serve`")
     return config
 
 

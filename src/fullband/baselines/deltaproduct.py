@@ -29,21 +29,19 @@ feedback, so soft and fused decoding, Jacobi passes and the exact schedule are r
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fullband.model import MLP, FullBandConfig, ModelOutput, RMSNorm
-from fullband.recurrent import RecurrentLM
+from fullband.baselines.base import BaselineConfig, RecurrentLM
+from fullband.model import MLP, RMSNorm
 
 
 class DeltaState:
     """DeltaProductLM's cache: every layer's state S for each row and head, (n_layers, B, n_heads, d, d) with
     d = d_model // n_heads. Unlike a KV cache it does not grow with the context."""
 
-    def __init__(self, config: FullBandConfig, batch_size: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, config: BaselineConfig, batch_size: int, device: torch.device, dtype: torch.dtype):
         d = config.d_model // config.n_heads
         self.S = torch.zeros(config.n_layers, batch_size, config.n_heads, d, d, device=device, dtype=dtype)
 
@@ -122,7 +120,7 @@ def delta_product_scan(
 class DeltaProductMixer(nn.Module):
     """The token mixer of one block: n_heads DeltaProduct heads (module docstring) and the output projection."""
 
-    def __init__(self, config: FullBandConfig):
+    def __init__(self, config: BaselineConfig):
         super().__init__()
         d_model, self.n_heads = config.d_model, config.n_heads
         self.head_dim, self.steps = d_model // config.n_heads, config.householder_steps
@@ -160,7 +158,7 @@ class DeltaProductMixer(nn.Module):
 
 
 class DeltaProductBlock(nn.Module):
-    def __init__(self, config: FullBandConfig):
+    def __init__(self, config: BaselineConfig):
         super().__init__()
         self.mixer_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mixer = DeltaProductMixer(config)
@@ -176,18 +174,13 @@ class DeltaProductBlock(nn.Module):
 
 
 class DeltaProductLM(RecurrentLM):
+    arch = "deltaproduct"
     kind = "a DeltaProduct model"
 
-    def __init__(self, config: FullBandConfig):
-        super().__init__()
-        if config.arch != "deltaproduct":
-            raise ValueError(f"FullBandConfig.arch={config.arch!r}: DeltaProductLM is the arch 'deltaproduct' model")
-        self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+    def __init__(self, config: BaselineConfig):
+        super().__init__(config)
         self.layers = nn.ModuleList(DeltaProductBlock(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
-        self.decode_defaults: dict[str, Any] = {}  # as FullBandLM's: standard, the only mode it has
+        self.add_head()
         # Every matrix normal(0, init_std) as in FullBandLM: W_beta x then starts near 0, beta near 1 (eigenvalue
         # near 0), so the model starts from neither decay nor reflection.
         for module in self.modules():
@@ -198,48 +191,16 @@ class DeltaProductLM(RecurrentLM):
         """Zero states for ``batch_size`` rows; their size does not depend on ``max_len``."""
         return DeltaState(self.config, batch_size, self.device, self.embed.weight.dtype)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        feedback: torch.Tensor | None = None,
-        plain_mask: torch.Tensor | None = None,
-        past_key_values: DeltaState | None = None,
-        use_cache: bool = False,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        logits_to_keep: int = 0,
-        segment_ids: torch.Tensor | None = None,
-    ) -> ModelOutput:
-        """FullBandLM.forward's interface, for the decode loop and the trainer. ``past_key_values``: the states the
-        sequence continues from, replaced by the final ones (``use_cache``). ``attention_mask`` (B, T), or (B, cache
-        length + T) of which the last T columns are read: its False tokens (left padding) leave the states
-        unchanged. ``segment_ids`` (B, T): packed documents, each run from zero states as if alone. ``plain_mask``
-        and ``position_ids`` carry nothing here (no feedback; the order is the position) and are accepted so that
-        the decode loop and the trainer call every arch alike."""
-        if feedback is not None:
-            raise ValueError(self.no_feedback)
-        if segment_ids is not None and (past_key_values is not None or use_cache):
-            raise ValueError("segment_ids (packed, isolated documents) is for training and scoring; it cannot "
-                             "be combined with a recurrent-state cache")
-        B, T = input_ids.shape
-        state = past_key_values
-        if use_cache and state is None:
-            state = self.new_cache(B, T)
-        write = None
-        if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
-            write = attention_mask[:, -T:].bool()
+    def mix(self, x: torch.Tensor, state: DeltaState | None, write: torch.Tensor | None,
+            segment_ids: torch.Tensor | None) -> torch.Tensor:
         keep = None
         if segment_ids is not None:
             keep = torch.ones_like(segment_ids, dtype=torch.bool)
             keep[:, 1:] = segment_ids[:, 1:] == segment_ids[:, :-1]
-        x = self.embed(input_ids)
         finals = []
         for i, layer in enumerate(self.layers):
             x, S = layer(x, write, keep, None if state is None else state.S[i])
             finals.append(S)
         if state is not None:
             state.S = torch.stack(finals)
-        normed = self.norm(x)
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
-        return ModelOutput(logits=logits, hidden=normed, past_key_values=state if use_cache else None)
+        return x

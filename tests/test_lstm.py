@@ -1,4 +1,4 @@
-"""The LSTM baseline (model.arch lstm, fullband.recurrent): packed documents computed as if alone, cached
+"""The LSTM baseline (model.arch lstm, fullband.baselines.lstm): packed documents computed as if alone, cached
 generation equal to greedy recomputation, storage that restores the arch, the trainer's one-pass runs, and
 the decode modes and schedules it refuses."""
 
@@ -13,6 +13,7 @@ import torch
 from test_train import steps_of, tiny_config
 
 from fullband.architectures import build_model, load_pretrained
+from fullband.baselines import LSTMLM, BaselineConfig
 from fullband.cli import main
 from fullband.config import build_config
 from fullband.data import ByteTokenizer
@@ -21,8 +22,7 @@ from fullband.decoding import DecodeSettingsError
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, score_continuations
 from fullband.loading import load_model
-from fullband.model import FullBandConfig, FullBandLM
-from fullband.recurrent import LSTMLM
+from fullband.model import FullBandLM
 from fullband.train import train
 
 V = 29
@@ -31,7 +31,7 @@ V = 29
 def lstm(seed: int = 0, tie: bool = True) -> LSTMLM:
     """A tiny float64 LSTM with random norm gains, so a norm applied in the wrong place cannot agree."""
     torch.manual_seed(seed)
-    model = build_model(FullBandConfig(vocab_size=V, d_model=12, n_layers=2, arch="lstm", max_seq_len=64,
+    model = build_model(BaselineConfig(vocab_size=V, d_model=12, n_layers=2, arch="lstm", max_seq_len=64,
                                        tie_embeddings=tie, init_std=0.5))
     with torch.no_grad():
         model.norm.weight.uniform_(0.5, 1.5)
@@ -84,7 +84,7 @@ def test_storage_restores_the_arch_at_every_loader(tmp_path):
     assert isinstance(loaded, LSTMLM) and isinstance(load_pretrained(tmp_path), LSTMLM)
     ids = torch.randint(0, V, (2, 9))
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="arch 'fbt' model"):
+    with pytest.raises(ValueError, match="model.arch 'lstm' model, not the transformer"):
         FullBandLM.from_pretrained(tmp_path)
 
 
@@ -98,10 +98,12 @@ def test_soft_and_fused_decoding_are_refused():
 
 
 def test_attention_options_and_jacobi_schedules_are_refused():
-    with pytest.raises(ValueError, match="sliding_window.*no attention"):
-        FullBandConfig(arch="lstm", sliding_window=4)
-    with pytest.raises(ValueError, match="allowed values: fbt, lstm"):
-        FullBandConfig(arch="gru")
+    with pytest.raises(ConfigError, match="model.sliding_window: a field of FullBandConfig, not of this model.arch"):
+        build_config({"model": {"arch": "lstm", "sliding_window": 4}})
+    with pytest.raises(ConfigError, match="unknown option --model.sliding_window: a field of FullBandConfig"):
+        build_config({}, {"model.arch": "lstm", "model.sliding_window": "4"})
+    with pytest.raises(ConfigError, match="model.arch='gru': allowed values: fbt, lstm"):
+        build_config({"model": {"arch": "gru"}})
     for schedule in ("paper", "exact", "fixed:2"):
         with pytest.raises(ConfigError, match="model.arch lstm has no latent feedback.*train.schedule standard"):
             build_config({"model": {"arch": "lstm"}, "train": {"schedule": schedule}})

@@ -1,0 +1,17 @@
+"""The recurrent baselines the FBT is compared with, trained, decoded and graded through the same doors
+(``fullband train --model.arch lstm|deltaproduct``, ``generate``, ``bench``): torch's LSTM and a DeltaProduct
+linear RNN. They register with ``fullband.architectures`` through ``MODELS``; nothing else in the package names
+them."""
+
+from fullband.baselines.base import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig, RecurrentLM
+from fullband.baselines.deltaproduct import DeltaProductLM, DeltaState
+from fullband.baselines.lstm import LSTMLM, RecurrentState
+
+# model.arch -> the class; every config of these is a BaselineConfig.
+MODELS: dict[str, type[RecurrentLM]] = {model.arch: model for model in (LSTMLM, DeltaProductLM)}
+
+# What their new_cache returns.
+RecurrentCache = RecurrentState | DeltaState
+
+__all__ = ["BASELINE_ARCH_HELP", "BASELINE_FIELD_HELP", "MODELS", "BaselineConfig", "DeltaProductLM", "DeltaState",
+           "LSTMLM", "RecurrentCache", "RecurrentLM", "RecurrentState"]
