@@ -214,6 +214,20 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("len32_fresh_tasks", "trained on 1..32 moves: the other tasks", ST_TASKS[:5], (10, 11, 12),
                        LEN32, moves=32, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
                        into="len32_fresh"),
+    # Issue 44 part 3, the drift levers on S5, chosen on the validation rows (seed 30,000 + n) of preset_fresh's
+    # seeds. The preset's steps now run compiled (train.compile_recurrence 8), preset_fresh's did not: the control is
+    # the preset rerun as it ships, so that a lever and its control differ in the lever alone.
+    StateTrackingSweep("compiled_s5", "the preset as it ships now (compiled token steps) on S5: the levers' control",
+                       ("s5",), (10, 11, 12), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes=EXACT_MODES),
+    # Noise on the state fed to the next position (U[-σ, σ] per component; the carried state stays exact): the
+    # answer must survive a perturbed state, where the preset trains with σ = 0.
+    StateTrackingSweep("jitter01_s5", "S5 with noise σ 0.1 on the fed state in sequential training", ("s5",),
+                       (10, 11, 12), {"model.feedback_jitter": "0.1"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES),
+    StateTrackingSweep("jitter03_s5", "S5 with noise σ 0.3 on the fed state in sequential training", ("s5",),
+                       (10, 11, 12), {"model.feedback_jitter": "0.3"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),
