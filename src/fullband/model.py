@@ -956,15 +956,9 @@ class FullBandLM(nn.Module):
     # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        tmp = directory / (WEIGHTS_NAME + ".tmp")
-        save_file(state, str(tmp), metadata={"format": "pt", "library": "fullband"})
-        os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
-        os.replace(tmp, directory / WEIGHTS_NAME)
+        write_weights(self.state_dict(), directory)
         self.config.save(directory / CONFIG_NAME)
         if self.decode_defaults:
             (directory / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.decode_defaults, indent=2) + "\n")
@@ -1091,6 +1085,17 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
+
+
+def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:
+    """``state`` as DIRECTORY/model.safetensors, whole or not at all: written beside it, then renamed into place."""
+    from safetensors.torch import save_file
+
+    tmp = directory / (WEIGHTS_NAME + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp),
+              metadata={"format": "pt", "library": "fullband"})
+    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
+    os.replace(tmp, directory / WEIGHTS_NAME)
 
 
 def ordinary_file_mode() -> int:

@@ -38,13 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from fullband.errors import CheckpointError
-from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, ordinary_file_mode
+from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, write_weights
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
@@ -261,11 +261,7 @@ def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
         raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
     weights = read_model_weights(model_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (WEIGHTS_NAME + ".tmp")
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
-              metadata={"format": "pt", "library": "fullband"})
-    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
-    os.replace(tmp, out / WEIGHTS_NAME)
+    write_weights(weights, out)
     for name in (CONFIG_NAME, DECODE_DEFAULTS_NAME):
         if (model_dir / name).is_file():
             shutil.copyfile(model_dir / name, out / name)

@@ -4,18 +4,15 @@ interface with one pass and no latent feedback."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM, ModelOutput, RMSNorm
+from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandConfig, FullBandLM, ModelOutput, RMSNorm
 
 # The baselines and their configs' arch names (config.json and the run's config.yaml record it).
 ARCHS = ("lstm", "deltaproduct")
@@ -79,8 +76,9 @@ class BaselineConfig:
             self._fail("d_model", f"must be divisible by n_heads={self.n_heads} (a DeltaProduct head is "
                                   "d_model // n_heads wide)")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    # The transformer config's storage: config.json with every field (the arch included).
+    to_dict = FullBandConfig.to_dict
+    save = FullBandConfig.save
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BaselineConfig:
@@ -90,9 +88,6 @@ class BaselineConfig:
             raise ValueError(f"model.arch {data.get('arch')!r}: unknown field(s) {unknown}; known fields: "
                              f"{sorted(known)}")
         return cls(**data)
-
-    def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
 class RecurrentLM(nn.Module):

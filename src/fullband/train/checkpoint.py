@@ -20,7 +20,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.model import ordinary_file_mode
+from fullband.model import write_weights
 from fullband.storage import (
     BEST,
     DCP_DIR,
@@ -118,15 +118,11 @@ def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor] | None, mod
                      decode: DecodeSettings, tokenizer_dir: Path | None) -> None:
     """A fresh ``tmp/model/``: weights (unless ``model_state`` is None: a DCP checkpoint's are in its shards),
     config, decode settings and tokenizer."""
-    from safetensors.torch import save_file
-
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "model").mkdir(parents=True)
     if model_state is not None:
-        save_file({k: v.contiguous() for k, v in model_state.items()}, str(tmp / "model" / "model.safetensors"),
-                  metadata={"format": "pt", "library": "fullband"})
-        os.chmod(tmp / "model" / "model.safetensors", ordinary_file_mode())  # safetensors writes mode 0600
+        write_weights(model_state, tmp / "model")
     model_config.save(tmp / "model" / "config.json")
     decode.save(tmp / "model")
     if tokenizer_dir is not None:
