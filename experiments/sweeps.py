@@ -228,6 +228,15 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("jitter03_s5", "S5 with noise σ 0.3 on the fed state in sequential training", ("s5",),
                        (10, 11, 12), {"model.feedback_jitter": "0.3"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes=EXACT_MODES),
+    # The fed state pulled onto a learnt finite set: the nearest of 256 vectors (S5 has 120 elements), straight-through
+    # (model.state_codebook: experiment only, no longer the paper's full-bandwidth state).
+    StateTrackingSweep("codebook256_s5", "S5 with the fed state replaced by the nearest of 256 learnt vectors",
+                       ("s5",), (10, 11, 12), {"model.state_codebook": "256"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES),
+    # Twice the steps (and records): the wall time the levers may spend (2x the preset's), spent on training alone.
+    StateTrackingSweep("steps8000_s5", "S5 trained twice as long (8000 steps, 2x the preset's wall time)", ("s5",),
+                       (10, 11, 12), {"train.tokens": "8192000"}, records=520_000, test_seed=50_000,
+                       val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),

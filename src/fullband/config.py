@@ -552,6 +552,8 @@ MODEL_HELP = {
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
     "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
                    "model; for mid-training a pretrained one)",
+    "state_codebook": "experiment only, not the paper's full-bandwidth state: > 0 feeds back the nearest of this many "
+                      "learnt vectors instead of the state (0 = the full state)",
     "arch": f"'fbt' (the full-bandwidth transformer) or a recurrent baseline: {BASELINE_ARCH_HELP}; set on the "
             "command line over a config file of another arch, it keeps the file's model fields the new kind has",
     **BASELINE_FIELD_HELP,

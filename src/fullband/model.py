@@ -69,6 +69,9 @@ class FullBandConfig:
     init_std: float = 0.02
     gate_init_std: float | None = None  # W_G's init std (gate fusions); None = init_std
     fusion_init: str = "random"
+    # Experiment only, not the paper's full-bandwidth state: > 0 replaces each fed state by the nearest of this many
+    # learnt vectors (``Fusion.quantize``), so the recurrence carries one of finitely many states.
+    state_codebook: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -102,6 +105,8 @@ class FullBandConfig:
             self._fail("feedback_source", f"allowed values: {', '.join(FEEDBACK_SOURCES)}")
         if self.feedback_jitter < 0:
             self._fail("feedback_jitter", "must be >= 0")
+        if isinstance(self.state_codebook, bool) or not isinstance(self.state_codebook, int) or self.state_codebook < 0:
+            self._fail("state_codebook", "must be 0 (the full state) or a number of codebook vectors")
         if self.gate_init_std is not None and self.gate_init_std <= 0:
             self._fail("gate_init_std", "must be None (init_std) or > 0")
         if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
@@ -302,8 +307,20 @@ class Fusion(nn.Module):
             self.proj = nn.Linear(d, d, bias=False)
             if config.fusion_init == "identity":
                 self.proj.init_std = 0.0  # read by init_std_of: W = 0, e ⊗ h = e
+        self.codebook = nn.Parameter(torch.empty(config.state_codebook, d)) if config.state_codebook else None
+
+    def quantize(self, h: torch.Tensor) -> torch.Tensor:
+        """The codebook vector nearest to each state (forward), with the gradient of a softmax over the negative
+        squared distances / D (straight-through), which trains both the states and the codebook."""
+        codebook = self.codebook.to(h.dtype)
+        distance = (h.pow(2).sum(-1, keepdim=True) - 2 * h @ codebook.t() + codebook.pow(2).sum(-1)) / h.shape[-1]
+        soft = torch.softmax(-distance, dim=-1)
+        hard = F.one_hot(distance.argmin(-1), codebook.shape[0]).to(h.dtype)
+        return (hard + soft - soft.detach()) @ codebook
 
     def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        if self.codebook is not None:
+            h = self.quantize(h)
         if self.kind == "gate":
             return self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(self.embed_norm(e))))
         if self.kind == "concat":
@@ -476,6 +493,8 @@ class FullBandLM(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+            elif isinstance(module, Fusion) and module.codebook is not None:
+                nn.init.normal_(module.codebook)  # unit-normal: the scale of a state after the final RMSNorm
 
     @property
     def device(self) -> torch.device:
