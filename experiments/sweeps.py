@@ -220,6 +220,9 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("compiled_s5", "the preset as it ships now (compiled token steps) on S5: the levers' control",
                        ("s5",), (10, 11, 12), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
                        modes=EXACT_MODES),
+    StateTrackingSweep("compiled_s5_seeds", "the compiled preset on S5 in three more seeds (preset_fresh's 13-15)",
+                       ("s5",), (13, 14, 15), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes=EXACT_MODES, into="compiled_s5"),
     # Noise on the state fed to the next position (U[-σ, σ] per component; the carried state stays exact): the
     # answer must survive a perturbed state, where the preset trains with σ = 0.
     StateTrackingSweep("jitter01_s5", "S5 with noise σ 0.1 on the fed state in sequential training", ("s5",),
