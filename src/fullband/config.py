@@ -57,7 +57,7 @@ class TrainConfig:
         "jacobi",
         "how schedule exact computes the exact recurrence: 'jacobi' (K passes over all positions, K = the longest "
         "document) or 'sequential' (token by token with backpropagation through the steps: the FLOPs of one pass; "
-        "with schedule exact it needs pass_loss last, grad_passes 0, detach_passes false, "
+        "with schedule exact it needs pass_loss last, model.feedback_jitter 0, grad_passes 0, detach_passes false, "
         "compile false, parallel ddp; see docs/method.md §5). Other schedules have no exact pass: there it has no "
         "effect, so a preset's baseline can override train.schedule alone",
     )
@@ -278,6 +278,9 @@ class RunConfig:
         conflicts = [
             (t.pass_loss != "last", f"train.pass_loss={t.pass_loss!r} scores the plain and intermediate Jacobi passes, "
                                     "which the token steps never compute; set train.pass_loss last"),
+            (self.model.feedback_jitter > 0, f"model.feedback_jitter={self.model.feedback_jitter}: the Jacobi path "
+                                             "jitters each pass's states, which has no token-by-token form; set "
+                                             "model.feedback_jitter 0"),
             (t.grad_passes > 0, f"train.grad_passes={t.grad_passes} truncates Jacobi passes; there are none: set 0"),
             (t.detach_passes, "train.detach_passes detaches states between Jacobi passes; there are none: set false"),
             (t.compile, "train.compile compiles FullBandLM.forward, which the token steps do not call: set false"),
@@ -552,8 +555,6 @@ MODEL_HELP = {
     "gate_init_std": "standard deviation of W_G's initialisation (gate fusion); None = init_std",
     "fusion_init": "random (the paper) or identity (fusion add with W = 0: every decode mode starts as the standard "
                    "model; for mid-training a pretrained one)",
-    "state_codebook": "experiment only, not the paper's full-bandwidth state: > 0 feeds back the nearest of this many "
-                      "learnt vectors instead of the state (0 = the full state)",
     "arch": f"'fbt' (the full-bandwidth transformer) or a recurrent baseline: {BASELINE_ARCH_HELP}; set on the "
             "command line over a config file of another arch, it keeps the file's model fields the new kind has",
     **BASELINE_FIELD_HELP,

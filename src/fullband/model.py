@@ -69,9 +69,6 @@ class FullBandConfig:
     init_std: float = 0.02
     gate_init_std: float | None = None  # W_G's init std (gate fusions); None = init_std
     fusion_init: str = "random"
-    # Experiment only, not the paper's full-bandwidth state: > 0 replaces each fed state by the nearest of this many
-    # learnt vectors (``Fusion.quantize``), so the recurrence carries one of finitely many states.
-    state_codebook: int = 0
 
     def __post_init__(self) -> None:
         if self.n_kv_heads is None:
@@ -105,8 +102,6 @@ class FullBandConfig:
             self._fail("feedback_source", f"allowed values: {', '.join(FEEDBACK_SOURCES)}")
         if self.feedback_jitter < 0:
             self._fail("feedback_jitter", "must be >= 0")
-        if isinstance(self.state_codebook, bool) or not isinstance(self.state_codebook, int) or self.state_codebook < 0:
-            self._fail("state_codebook", "must be 0 (the full state) or a number of codebook vectors")
         if self.gate_init_std is not None and self.gate_init_std <= 0:
             self._fail("gate_init_std", "must be None (init_std) or > 0")
         if self.norm_eps <= 0 or self.rope_theta <= 0 or self.init_std <= 0:
@@ -307,20 +302,8 @@ class Fusion(nn.Module):
             self.proj = nn.Linear(d, d, bias=False)
             if config.fusion_init == "identity":
                 self.proj.init_std = 0.0  # read by init_std_of: W = 0, e ⊗ h = e
-        self.codebook = nn.Parameter(torch.empty(config.state_codebook, d)) if config.state_codebook else None
-
-    def quantize(self, h: torch.Tensor) -> torch.Tensor:
-        """The codebook vector nearest to each state (forward), with the gradient of a softmax over the negative
-        squared distances / D (straight-through), which trains both the states and the codebook."""
-        codebook = self.codebook.to(h.dtype)
-        distance = (h.pow(2).sum(-1, keepdim=True) - 2 * h @ codebook.t() + codebook.pow(2).sum(-1)) / h.shape[-1]
-        soft = torch.softmax(-distance, dim=-1)
-        hard = F.one_hot(distance.argmin(-1), codebook.shape[0]).to(h.dtype)
-        return (hard + soft - soft.detach()) @ codebook
 
     def forward(self, e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        if self.codebook is not None:
-            h = self.quantize(h)
         if self.kind == "gate":
             return self.out_norm(self.value_proj(h) * torch.sigmoid(self.gate_proj(self.embed_norm(e))))
         if self.kind == "concat":
@@ -393,7 +376,6 @@ def windowed_token_steps(
     segments: torch.Tensor,
     pasts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     weights: list[tuple[torch.Tensor, torch.Tensor]],
-    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
     function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
@@ -401,15 +383,13 @@ def windowed_token_steps(
     (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
     document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
     up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
-    (D, 3·H·hd) and (D, 2·d_ff). ``noise`` (B, C, D): added to the state each position is fused with (None: none).
-    Returns the top states (B, C, D) and the pasts after the chunk."""
+    (D, 3·H·hd) and (D, 2·d_ff). Returns the top states (B, C, D) and the pasts after the chunk."""
     B, C, _ = embedded.shape
     tops = []
     for c in range(C):
         x = embedded[:, c : c + 1]
         if state is not None:
-            fed = state if noise is None else state + noise[:, c : c + 1]
-            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, fed.to(x.dtype)), x)
+            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, state.to(x.dtype)), x)
         segment = segments[:, c : c + 1]
         after = []
         for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
@@ -493,8 +473,6 @@ class FullBandLM(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
-            elif isinstance(module, Fusion) and module.codebook is not None:
-                nn.init.normal_(module.codebook)  # unit-normal: the scale of a state after the final RMSNorm
 
     @property
     def device(self) -> torch.device:
@@ -540,7 +518,7 @@ class FullBandLM(nn.Module):
         self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True)
         self.compiled_chunk = chunk
 
-    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments, noise=None) -> torch.Tensor:
+    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments) -> torch.Tensor:
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
         B, T, _ = embedded.shape
         layers = [block.attn for block in self.layers]
@@ -555,7 +533,7 @@ class FullBandLM(nn.Module):
         for start in range(0, T, self.compiled_chunk):
             chunk = slice(start, start + self.compiled_chunk)
             args = (self, embedded[:, chunk], fuse[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
-                    segments[:, chunk], pasts, weights, None if noise is None else noise[:, chunk])
+                    segments[:, chunk], pasts, weights)
             try:
                 top, pasts = self.compiled_steps(*args)
             except Exception as error:  # the compiler itself is missing or failed; the steps are still right eager
@@ -766,7 +744,6 @@ class FullBandLM(nn.Module):
         segment_ids: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         logits_to_keep: int = 0,
-        state_noise: torch.Tensor | None = None,
     ) -> ModelOutput:
         """The exact recurrence (docs/method.md §2) over ``input_ids`` (B, T), teacher-forced, one token step at a
         time: position t is fused with the top state of position t - 1, computed in the step before, unless
@@ -783,9 +760,7 @@ class FullBandLM(nn.Module):
         (the caller marks each run's first position plain, see ``plain_positions``); not with a filled cache.
         ``logits_to_keep``: as in ``forward``. The top states go through the final norm and the head once, over
         all positions, not T times. With gradients, no cache and no padding, a model set to ``compile_recurrence``
-        runs the steps in compiled chunks (the same results up to rounding). ``state_noise`` (B, T, D): added to the
-        state position t is fused with (training's ``feedback_jitter``: the next steps must survive a perturbed
-        state); the state carried on is the unperturbed one."""
+        runs the steps in compiled chunks (the same results up to rounding)."""
         B, T = input_ids.shape
         keys = past_key_values
         if keys is None:
@@ -811,7 +786,7 @@ class FullBandLM(nn.Module):
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
             fuse = torch.ones_like(input_ids, dtype=torch.bool) if plain_mask is None else ~plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
-            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments, state_noise)
+            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
             return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
         column = torch.arange(start + T, device=device)
         itself = torch.ones(B, 1, dtype=torch.bool, device=device)
@@ -819,8 +794,7 @@ class FullBandLM(nn.Module):
         for t in range(T):
             x = embedded[:, t : t + 1]
             if state is not None:
-                fed = state if state_noise is None else state + state_noise[:, t : t + 1]
-                fused = self.fusion(x, fed.to(x.dtype))
+                fused = self.fusion(x, state.to(x.dtype))
                 x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
             q = start + t  # this step's column
             masks: dict[int | None, torch.Tensor | None] = {}

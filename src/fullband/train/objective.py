@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullband.data.shards import IGNORE_INDEX
-from fullband.model import FullBandLM, plain_positions, uniform
+from fullband.model import FullBandLM, plain_positions
 from fullband.schedule import PASS_LOSSES
 
 
@@ -116,7 +116,6 @@ def sequential_loss(
     prefix_mixin: float = 0.0,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     label_count: torch.Tensor | None = None,
-    jitter: float = 0.0,
 ) -> ObjectiveOutput:
     """The next-token loss of the exact recurrence, computed token by token (``FullBandLM.recurrence``):
     with jitter 0, the loss and gradients of ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest
@@ -124,16 +123,9 @@ def sequential_loss(
     ``bos_token_id``, document starts of ``segment_ids``, a ``prefix_mixin`` prefix drawn from ``generator``
     as a K >= 2 Jacobi step draws it). ``z_loss`` adds z_loss·mean(logsumexp²) of this one pass (the Jacobi
     objective averages it over all K passes, so with z-loss the two differ). ``pass_losses`` holds the one
-    pass's loss. ``label_count`` as in ``multipass_loss``. ``jitter`` σ > 0: each state is fed to the next position
-    plus ε ~ U[-σ, σ] drawn from ``generator`` (once per position, where the Jacobi path draws it once per pass), so
-    the answer must survive a perturbed state; the state carried on stays exact."""
+    pass's loss. ``label_count`` as in ``multipass_loss``."""
     plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids, prefix_mixin, generator)
-    noise = None
-    if jitter > 0:
-        B, T = input_ids.shape
-        embed = model.embed.weight
-        noise = (2 * uniform((B, T, embed.shape[1]), generator, embed.device, embed.dtype) - 1) * jitter
-    logits = model.recurrence(input_ids, plain, segment_ids=segment_ids, state_noise=noise).logits
+    logits = model.recurrence(input_ids, plain, segment_ids=segment_ids).logits
     term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index, label_count)
     return ObjectiveOutput(loss=term, pass_losses=[pass_ce])
 

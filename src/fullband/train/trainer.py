@@ -574,8 +574,7 @@ class Trainer:
                       segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators, label_count=label_count)
         if self.sequential:
             # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
-            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0,
-                           jitter=self.model.config.feedback_jitter)
+            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0)
         else:
             options = dict(prefix_mixin=t.prefix_mixin, detach=t.detach_passes, later_pass_weight=t.later_pass_weight,
                            pass_loss=t.pass_loss, backward_scale=self.per_pass_backward,
