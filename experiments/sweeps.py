@@ -231,6 +231,9 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("steps8000_s5", "S5 trained twice as long (8000 steps, 2x the preset's wall time)", ("s5",),
                        (10, 11, 12), {"train.tokens": "8192000"}, records=520_000, test_seed=50_000,
                        val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
+    StateTrackingSweep("steps8000_s5_seeds", "8000 steps on S5 in three more seeds", ("s5",), (13, 14, 15),
+                       {"train.tokens": "8192000"}, records=520_000, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES, into="steps8000_s5"),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),
