@@ -11,21 +11,19 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from test_lstm import check_doors
+from test_lstm import check_cached_decoding, check_doors, check_packed_documents, check_storage
 from test_train import steps_of
 
 from experiments.sweeps import DELTA
-from fullband.architectures import build_model, load_pretrained
+from fullband.architectures import build_model
 from fullband.baselines import BaselineConfig, DeltaProductLM
 from fullband.baselines.deltaproduct import DeltaProductMixer, delta_product_scan
 from fullband.config import build_config, load_config
-from fullband.data import ByteTokenizer
 from fullband.data.synthetic import export_jsonl, state_tracking_task
 from fullband.decoding import DecodeSettingsError
 from fullband.errors import ConfigError, FullbandError
-from fullband.generation import generate, score_continuations
+from fullband.generation import generate
 from fullband.loading import PRESET_DIR, load_model
-from fullband.model import FullBandLM
 from fullband.train import train
 
 V = 29
@@ -80,17 +78,7 @@ def test_left_padding_leaves_each_row_as_if_alone():
 
 
 def test_packed_documents_equal_each_document_alone():
-    model = delta()
-    torch.manual_seed(3)
-    ids = torch.randint(0, V, (3, 14))
-    segments = torch.tensor([[0] * 5 + [1] * 6 + [2] * 3, [0] * 14, [4] * 1 + [7] * 12 + [9]])
-    packed = model(ids, segment_ids=segments).logits
-    for row in range(3):
-        bounds = [0] + [t for t in range(1, 14) if segments[row, t] != segments[row, t - 1]] + [14]
-        alone = torch.cat([model(ids[row : row + 1, a:b]).logits[0] for a, b in zip(bounds, bounds[1:])])
-        torch.testing.assert_close(packed[row], alone, rtol=0, atol=1e-12)
-    # a state leaking across a document start would change the second document's logits
-    assert not torch.allclose(packed[0, 5:11], model(ids[:1, :11]).logits[0, 5:11])
+    check_packed_documents(delta(), seed=3)
 
 
 def sequential_scan(q, k, v, beta, state, keep):
@@ -248,34 +236,12 @@ def test_a_reflection_counts_parity_at_any_length():
 
 
 def test_cached_generation_and_scoring_equal_the_full_forward():
-    model = delta()
-    prompts = [[3, 1, 4, 1, 5, 9, 2], [6], [2, 7, 1, 8]]  # left-padded together: padding must not move a state
-    new = generate(model, prompts, 9)
-    for prompt, row in zip(prompts, new.tolist()):
-        text = list(prompt)
-        for _ in range(9):
-            text.append(int(model(torch.tensor([text])).logits[0, -1].argmax()))
-        assert row == text[len(prompt):]
-    contexts, continuations = [[1, 2, 3, 4], [5, 6]], [[7, 8, 9], [10]]
-    for scoring in ("decode", "prefill"):
-        scored = score_continuations(model, contexts, continuations, scoring=scoring)
-        for ctx, cont, (logprobs, _) in zip(contexts, continuations, scored):
-            full = model(torch.tensor([ctx + cont[:-1]])).logits[0, len(ctx) - 1 :].float().log_softmax(-1)
-            torch.testing.assert_close(logprobs, full.gather(-1, torch.tensor(cont)[:, None])[:, 0])
+    check_cached_decoding(delta())
 
 
 def test_storage_restores_the_arch_and_its_householder_steps(tmp_path):
-    model = delta(tie=False, steps=3).float()
-    model.save_pretrained(tmp_path)
-    ByteTokenizer().save(tmp_path / "tokenizer")
-    stored = json.loads((tmp_path / "config.json").read_text())
+    stored = check_storage(delta(tie=False, steps=3).float(), tmp_path)
     assert (stored["arch"], stored["householder_steps"]) == ("deltaproduct", 3)
-    loaded, _ = load_model(tmp_path, device="cpu")
-    assert isinstance(loaded, DeltaProductLM) and isinstance(load_pretrained(tmp_path), DeltaProductLM)
-    ids = torch.randint(0, V, (2, 9))
-    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="model.arch 'deltaproduct' model, not the transformer"):
-        FullBandLM.from_pretrained(tmp_path)
 
 
 def test_feedback_passes_and_bad_configs_are_refused():

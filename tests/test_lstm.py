@@ -38,10 +38,9 @@ def lstm(seed: int = 0, tie: bool = True) -> LSTMLM:
     return model.double().eval()
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_packed_documents_equal_each_document_alone(tie):
-    model = lstm(tie=tie)
-    torch.manual_seed(1)
+def check_packed_documents(model, seed: int) -> None:
+    """Packed documents (segment_ids) give each document's logits as if it ran alone from a zero state."""
+    torch.manual_seed(seed)
     ids = torch.randint(0, V, (3, 14))
     segments = torch.tensor([[0] * 5 + [1] * 6 + [2] * 3, [0] * 14, [4] * 1 + [7] * 12 + [9]])
     packed = model(ids, segment_ids=segments).logits
@@ -53,8 +52,14 @@ def test_packed_documents_equal_each_document_alone(tie):
     assert not torch.allclose(packed[0, 5:11], model(ids[:1, :11]).logits[0, 5:11])
 
 
-def test_cached_generation_equals_greedy_recomputation():
-    model = lstm()
+@pytest.mark.parametrize("tie", [True, False])
+def test_packed_documents_equal_each_document_alone(tie):
+    check_packed_documents(lstm(tie=tie), seed=1)
+
+
+def check_cached_decoding(model) -> None:
+    """generate (left-padded rows, the state as the cache) equals greedy recomputation, a row alone equals it in
+    the batch, and scored continuations (decode and prefill scoring) equal the full forward's log-probabilities."""
     prompts = [[3, 1, 4, 1, 5, 9, 2], [6], [2, 7, 1, 8]]  # left-padded together: padding must not move a state
     new = generate(model, prompts, 9)
     for prompt, row in zip(prompts, new.tolist()):
@@ -62,30 +67,36 @@ def test_cached_generation_equals_greedy_recomputation():
         for _ in range(9):
             text.append(int(model(torch.tensor([text])).logits[0, -1].argmax()))
         assert row == text[len(prompt):]
-    # each row alone decodes the same as in the batch
     assert generate(model, prompts[:1], 9).tolist() == new[:1].tolist()
-
-
-def test_scored_continuations_equal_the_full_forward():
-    model = lstm()
     contexts, continuations = [[1, 2, 3, 4], [5, 6]], [[7, 8, 9], [10]]
-    scored = score_continuations(model, contexts, continuations)
-    for ctx, cont, (logprobs, _) in zip(contexts, continuations, scored):
-        full = model(torch.tensor([ctx + cont[:-1]])).logits[0, len(ctx) - 1 :].float().log_softmax(-1)
-        torch.testing.assert_close(logprobs, full.gather(-1, torch.tensor(cont)[:, None])[:, 0])
+    for scoring in ("decode", "prefill"):
+        scored = score_continuations(model, contexts, continuations, scoring=scoring)
+        for ctx, cont, (logprobs, _) in zip(contexts, continuations, scored):
+            full = model(torch.tensor([ctx + cont[:-1]])).logits[0, len(ctx) - 1 :].float().log_softmax(-1)
+            torch.testing.assert_close(logprobs, full.gather(-1, torch.tensor(cont)[:, None])[:, 0])
+
+
+def test_cached_generation_and_scoring_equal_the_full_forward():
+    check_cached_decoding(lstm())
+
+
+def check_storage(model, directory: Path) -> dict:
+    """A baseline saved and loaded back by every loader as its own class, with the same logits; the transformer's
+    own loader refuses it by its arch. Returns the stored config.json."""
+    model.save_pretrained(directory)
+    ByteTokenizer().save(directory / "tokenizer")
+    stored = json.loads((directory / "config.json").read_text())
+    loaded, _ = load_model(directory, device="cpu")
+    assert type(loaded) is type(model) and type(load_pretrained(directory)) is type(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=f"model.arch '{stored['arch']}' model, not the transformer"):
+        FullBandLM.from_pretrained(directory)
+    return stored
 
 
 def test_storage_restores_the_arch_at_every_loader(tmp_path):
-    model = lstm(tie=False).float()
-    model.save_pretrained(tmp_path)
-    ByteTokenizer().save(tmp_path / "tokenizer")
-    assert json.loads((tmp_path / "config.json").read_text())["arch"] == "lstm"
-    loaded, _ = load_model(tmp_path, device="cpu")
-    assert isinstance(loaded, LSTMLM) and isinstance(load_pretrained(tmp_path), LSTMLM)
-    ids = torch.randint(0, V, (2, 9))
-    torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
-    with pytest.raises(ValueError, match="model.arch 'lstm' model, not the transformer"):
-        FullBandLM.from_pretrained(tmp_path)
+    assert check_storage(lstm(tie=False).float(), tmp_path)["arch"] == "lstm"
 
 
 def test_soft_and_fused_decoding_are_refused():
