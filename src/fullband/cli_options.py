@@ -21,13 +21,15 @@ def _type_name(annotation: Any) -> str:
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
                         + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
+    hints: dict[type, dict[str, Any]] = {}
     for section in SECTIONS:
         group = parser.add_argument_group(f"{section} options")
         for owner, f, default in section_fields(section):
-            hints = typing.get_type_hints(owner)
+            if owner not in hints:
+                hints[owner] = typing.get_type_hints(owner)
             group.add_argument(
                 f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                metavar=_type_name(hints[f.name]),
+                metavar=_type_name(hints[owner][f.name]),
                 help=f"{field_help(owner, f.name)} (default: {default!r})".replace("%", "%%"),
             )
 

@@ -479,11 +479,10 @@ def _model_section(given: dict[str, tuple[Any, bool]], file_arch: Any,
     known = {f.name for f in dataclasses.fields(cls)}
     if from_cli and arch != file_arch:
         given = {key: (value, cli) for key, (value, cli) in given.items() if cli or key in known}
-    stored = config_fields(arch, {key: value for key, (value, cli) in given.items() if not cli})
-    kept = {key: entry for key, entry in given.items() if entry[1] or key in stored}
-    if "arch" in known:
-        kept["arch"] = (arch, False)
-    return cls, kept
+    # The file's fields as a stored config's (config_fields: what an older run's config.yaml recorded for every kind).
+    filed = config_fields(arch, {key: value for key, (value, cli) in given.items() if not cli})
+    return cls, {**{key: (value, False) for key, value in filed.items()},
+                 **{key: entry for key, entry in given.items() if entry[1]}}
 
 
 def _unknown_field(section: str, key: str, known: set[str], from_cli: bool, source: str) -> str:

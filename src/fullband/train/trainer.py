@@ -285,7 +285,7 @@ class Trainer:
                 checkpoint_interval(self.train_cfg.activation_checkpointing))
         if self.train_cfg.compile:
             model.compile()
-        if self.train_cfg.compile_recurrence and self.sequential and isinstance(model, FullBandLM):
+        if self.train_cfg.compile_recurrence and self.sequential:  # the exact schedule: a transformer's
             # Sequential training's token steps, a chunk of positions per compiled call: set on the raw model, which
             # the objective (and DDP around it) calls. Evaluation runs without gradients, so uncompiled.
             try:
