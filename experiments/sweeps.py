@@ -234,6 +234,20 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("steps8000_s5_seeds", "8000 steps on S5 in three more seeds", ("s5",), (13, 14, 15),
                        {"train.tokens": "8192000"}, records=520_000, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes=EXACT_MODES, into="steps8000_s5"),
+    # The instability, measured: the shipped preset on S5 trained twice per seed, compiled token steps (as it ships)
+    # and uncompiled (train.compile_recurrence 0, as preset_fresh), the two differing in rounding alone. Seeds 10-15
+    # of both are compiled_s5 and preset_fresh; these add 16-19, with the validation curves kept in the records.
+    StateTrackingSweep("twins_compiled_s5", "the compiled preset on S5, seeds 16-19 (twins of twins_uncompiled_s5)",
+                       ("s5",), (16, 17, 18, 19), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes=EXACT_MODES, into="compiled_s5"),
+    StateTrackingSweep("twins_uncompiled_s5", "the preset uncompiled on S5, seeds 16-19 (twins of twins_compiled_s5)",
+                       ("s5",), (16, 17, 18, 19), {"train.compile_recurrence": "0"}, test_seed=50_000,
+                       val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES, into="preset_fresh"),
+    # A lever aimed at the instability: a third of the peak learning rate (gentler steps, less room for a rounding
+    # difference to grow into another basin), compiled, ten seeds, chosen on the validation rows.
+    StateTrackingSweep("lr1e-3_s5", "the compiled preset on S5 at peak LR 1e-3 (a lever against the instability)",
+                       ("s5",), tuple(range(10, 20)), {"train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),

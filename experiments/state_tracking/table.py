@@ -61,6 +61,13 @@ def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list
               "passes_mean": round(statistics.mean(passes), 2),
               "kept_step": json.loads(best.read_text())["step"] if best.is_file() else steps[-1]["step"],
               "lengths": {}}
+    evals = run / "eval.jsonl"
+    if evals.is_file():
+        # the validation loss every train.eval_every steps and the training loss at each logged step: where two
+        # runs that differ only in rounding part (issue: state tracking that survives a rounding change)
+        record["val_curve"] = [[e["step"], e["loss"]] for e in map(json.loads, evals.read_text().splitlines())
+                               if "loss" in e]
+        record["train_curve"] = [[s["step"], s["loss"]] for s in steps if "loss" in s]
     results = json.loads((run / "bench" / "results.json").read_text())["results"]
     samples = [json.loads(line) for line in (run / "bench" / "samples.jsonl").read_text().splitlines() if line]
     for field, files in (("lengths", tests), ("val_lengths", vals or {})):
