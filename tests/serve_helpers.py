@@ -72,8 +72,8 @@ class ThreadServer:
 
         import uvicorn
 
+        from fullband.engine import Engine
         from fullband.serve.app import create_app
-        from fullband.serve.engine import Engine
 
         self.engine = Engine(model, max_batch=max_batch, max_queue=max_queue)
         self.port = free_port()

@@ -58,7 +58,7 @@ def test_tol_zero_with_cap_at_least_prompt_length_is_the_sequential_prefill(feat
     torch.testing.assert_close(out.logits, seq_logits, atol=1e-10, rtol=0)
     # A T-token prompt is exact after T - 1 fused passes; the next pass changes nothing, so it stops
     # there instead of running to the cap.
-    assert int(out.passes[0]) <= len(PROMPT)
+    assert int(out.fused_passes[0]) <= len(PROMPT)
     # Not vacuous: fewer passes than the prompt needs leave it away from the sequential states.
     short = model.prefill(ids, len(PROMPT) - 3)
     assert (short.hidden - seq_hidden).abs().max() > 1e-6
@@ -72,7 +72,7 @@ def test_result_equals_fused_k_for_the_reported_k(k):
     stats: dict = {}
     ids = torch.tensor([PROMPT])
     out = model.prefill(ids, "auto", fused_tol=tol, fused_max_passes=6)
-    assert out.passes.tolist() == [k]
+    assert out.fused_passes.tolist() == [k]
     fixed = model.prefill(ids, k)
     assert torch.equal(out.hidden, fixed.hidden) and torch.equal(out.logits, fixed.logits)
     # The decode that follows (KV cache of the last pass, carried state) is fused(k*)'s too.
@@ -85,7 +85,7 @@ def test_result_equals_fused_k_for_the_reported_k(k):
 def test_cap_is_respected():
     model = make_model(**FEATURES["mha_bias"])
     out = model.prefill(torch.tensor([PROMPT]), "auto", fused_tol=0.0, fused_max_passes=2)
-    assert out.passes.tolist() == [2] and out.converged.tolist() == [False]
+    assert out.fused_passes.tolist() == [2] and out.converged.tolist() == [False]
     assert torch.equal(out.hidden, model.prefill(torch.tensor([PROMPT]), 2).hidden)
 
 
@@ -110,7 +110,7 @@ def test_batched_ragged_equals_one_by_one_with_different_stopping_passes(feature
     # The logits a row ends its prefill with are those of fused(k*) alone, to float64 precision.
     ids, mask = left_pad(prompts)
     batched_out = model.prefill(ids, "auto", attention_mask=mask, fused_tol=tol, fused_max_passes=6)
-    assert batched_out.passes.tolist() == single_passes
+    assert batched_out.fused_passes.tolist() == single_passes
     for i, k in enumerate(single_passes):
         alone = model.prefill(torch.tensor([prompts[i]]), k).logits[0, -1]
         torch.testing.assert_close(batched_out.logits[i, -1], alone, atol=1e-12, rtol=0)

@@ -21,7 +21,7 @@ from fullband.model import FullBandConfig, FullBandLM
 
 PACKAGE = Path(fullband.__file__).parent
 BASELINE_NAMES = {"lstm", "deltaproduct", "householder_steps", "LSTMLM", "DeltaProductLM", "DeltaState",
-                  "RecurrentState"}
+                  "LSTMState"}
 
 
 def test_each_arch_builds_its_own_config_and_class():

@@ -8,8 +8,8 @@ import yaml
 from fullband.config import load_config
 from fullband.data.config import DataConfig
 from fullband.data.sources import iter_documents
-from fullband.demo import PARITY, RUNS, TEST_BITS, TRAIN_BITS, run_demo, write_parity_data
 from fullband.loading import PRESET_DIR
+from fullband.tools.demo import PARITY, RUNS, TEST_BITS, TRAIN_BITS, run_demo, write_parity_data
 
 
 def _bits(prompt: str) -> int:

@@ -95,12 +95,13 @@ def test_fullband_generate_streams_incrementally(counted, capsys):
     # A bias towards the lead bytes of 2- to 4-byte characters: the random model then emits split characters and
     # bytes that are not UTF-8; the streamed output equals decoding all ids at once all the same.
     bias = {0xC3: 3, 0xE2: 3, 0xF0: 3}
-    flags = ["--max-new-tokens", "80", "--device", "cpu", "--temperature", "1", "--seed", "1"]
+    # at least 60 tokens (eos masked until then), whichever the seed draws
+    flags = ["--max-new-tokens", "80", "--device", "cpu", "--temperature", "1", "--seed", "1", "--min-tokens", "60"]
     for token, value in bias.items():
         flags += ["--logit-bias", f"{token}={value}"]
     assert main(["generate", "m", "--prompt", "é:", "--stream", *flags]) == 0
     tokens = generate(model, [encode_prompt(tokenizer, "é:")], 80, temperature=1.0, seed=1,
-                      eos_token_id=tokenizer.eos_id, logit_bias=bias)[0].tolist()
+                      eos_token_id=tokenizer.eos_id, logit_bias=bias, min_tokens=60)[0].tolist()
     answer = tokens[: tokens.index(tokenizer.eos_id)] if tokenizer.eos_id in tokens else tokens
     assert len(answer) > 40 and any(t >= 0x80 for t in answer)
     assert capsys.readouterr().out == "é:" + tokenizer.decode(answer) + "\n"

@@ -26,7 +26,7 @@ def test_exact_prefill_is_the_sequential_recurrence_and_the_jacobi_fixed_point(f
     torch.testing.assert_close(exact.logits, seq_logits, atol=1e-12, rtol=0)
     jacobi = model.prefill(ids, "auto", fused_tol=0.0, fused_max_passes=ids.shape[1] + 2)
     torch.testing.assert_close(exact.hidden, jacobi.hidden, atol=1e-10, rtol=0)
-    assert exact.passes.tolist() == [ids.shape[1] - 1]  # the Jacobi passes it stands for
+    assert exact.fused_passes.tolist() == [ids.shape[1] - 1]  # the Jacobi passes it stands for
     # Not vacuous: a few Jacobi passes are still away from it.
     assert (model.prefill(ids, 3).hidden - exact.hidden).abs().max() > 1e-6
     # logits_to_keep keeps the last positions only, with the same values.
@@ -40,7 +40,7 @@ def test_left_padded_batch_equals_one_by_one(feature):
     model = make_model(dtype=torch.float64, **FEATURES[feature])
     ids, mask = left_pad(PROMPTS)
     batched = model.prefill(ids, "exact", attention_mask=mask, logits_to_keep=1)
-    assert batched.passes.tolist() == [len(p) - 1 for p in PROMPTS]
+    assert batched.fused_passes.tolist() == [len(p) - 1 for p in PROMPTS]
     for row, prompt in enumerate(PROMPTS):
         alone = model.prefill(torch.tensor([prompt]), "exact", logits_to_keep=1)
         torch.testing.assert_close(batched.logits[row, -1], alone.logits[0, -1], atol=1e-12, rtol=0)

@@ -136,7 +136,8 @@ def test_every_front_door_decodes_like_generate(runs, loaded, schedule, tmp_path
             assert served.choices[0].text == text, label
             # the lm-eval adapter: generation and log-likelihoods
             lm = FullbandLM(pretrained=str(run), device="cpu", **api_args(kwargs))
-            assert lm._generate([prompt], ["\x00"], NEW, {}) == [text], label
+            until, _, sampling = lm._generation_options({"until": ["\x00"], "max_gen_toks": NEW})
+            assert lm._generate([prompt], until, sampling) == [text], label
             continuation = reference[:3]
             (expected, _), = score_continuations(model, [prompt], [continuation], **kwargs)
             (got, _), = lm._score([(prompt, continuation)])

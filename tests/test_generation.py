@@ -8,22 +8,29 @@ import pytest
 import torch
 from conftest import FEATURES, FUSIONS, TEST_BF16, float32_case, make_model, reference_decode
 
-import fullband.generation as generation
-from fullband.generation import generate, generate_stream, sample_next
+import fullband.engine as engine
+from fullband.generation import generate, generate_stream
+from fullband.sampling import SamplingParams, sample_rows
+
+
+def sample_next(logits, temperature=0.0, top_k=None, top_p=None, generator=None):
+    """Every row of ``logits`` sampled with the same fields and one generator, drawn from in row order."""
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    return sample_rows(logits, [params] * logits.shape[0], [generator] * logits.shape[0])
 
 
 @contextlib.contextmanager
 def recorded_logits():
-    """Record the logits ``generate`` hands to the sampler at each step (the real cached decode path)."""
+    """Record the logits the engine hands to the sampler at each step (the real cached decode path)."""
     seen: list[torch.Tensor] = []
-    real = generation.sample_next
+    real = engine.sample_rows
 
     def spy(logits, *args, **kwargs):
         seen.append(logits.detach().clone())
         return real(logits, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(generation, "sample_next", spy)
+        mp.setattr(engine, "sample_rows", spy)
         yield seen
 
 

@@ -148,7 +148,7 @@ def test_cycle_finder_finds_cycles():
 
 # The modules that drive training, so may import fullband.train: the command line and ``python -m fullband``
 # (``fullband train``), ``fullband sft`` and ``fullband demo`` (they train models).
-TRAINING_DRIVERS = {"fullband.__main__", "fullband.cli", "fullband.sft", "fullband.demo"}
+TRAINING_DRIVERS = {"fullband.__main__", "fullband.cli", "fullband.sft", "fullband.tools.demo"}
 
 
 def _path_to_train(graph: dict[str, set[str]], start: str) -> list[str] | None:

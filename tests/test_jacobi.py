@@ -13,7 +13,7 @@ from conftest import make_model
 from fullband.data.config import DataConfig
 from fullband.data.shards import IGNORE_INDEX, Batch, prepare_dataset
 from fullband.eval import evaluate
-from fullband.jacobi import jacobi_curve
+from fullband.tools.jacobi import jacobi_curve
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

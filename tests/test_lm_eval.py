@@ -18,7 +18,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from conftest import make_model, reference_decode  # noqa: E402
 
-import fullband.generation as generation  # noqa: E402
+import fullband.engine as engine  # noqa: E402
 from fullband.generation import generate, score_continuations  # noqa: E402
 
 lm_eval = pytest.importorskip("lm_eval")
@@ -37,10 +37,10 @@ def forced_sampler(tokens: torch.Tensor):
 
     def forced(logits, *args, **kwargs):
         seen.append(logits.detach().clone())
-        return tokens[:, len(seen) - 1]
+        return tokens[:, len(seen) - 1].clone()
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(generation, "sample_next", forced)
+        mp.setattr(engine, "sample_rows", forced)
         yield seen
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_model, shift
 
-from fullband.train.objective import MultipassObjective, multipass_loss, pass_weight
+from fullband.train.objective import LossOptions, MultipassObjective, multipass_loss, pass_weight
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -149,9 +149,9 @@ def test_bf16_logits_are_scored_in_float32():
 def test_objective_module_is_multipass_loss_and_rejects_bad_arguments():
     ids, labels = _batch(6)
     model = make_model(dtype=torch.float64)
-    objective = MultipassObjective(model)
+    objective = MultipassObjective(model, LossOptions(later_pass_weight=LAMBDA, grad_passes=2))
     assert list(objective.parameters()) == list(model.parameters())  # DDP/FSDP see the model's weights
-    a = objective(input_ids=ids, labels=labels, passes=3, later_pass_weight=LAMBDA, grad_passes=2)
+    a = objective(ids, labels, 3)
     b = multipass_loss(model, ids, labels, 3, later_pass_weight=LAMBDA, grad_passes=2)
     torch.testing.assert_close(a.loss, b.loss, rtol=0, atol=0)
     with pytest.raises(ValueError, match="backward_scale needs detach=True"):

@@ -14,7 +14,7 @@ from fullband import FullBandConfig, FullBandLM
 from fullband.cli import main
 from fullband.data.synthetic import SYNTHETIC_TASKS, final_answer, get_task, synthetic_examples
 from fullband.data.tokenizers import ByteTokenizer
-from fullband.probe import grouped_folds, layer_states, parse_probe_modes, probe_accuracy
+from fullband.tools.probe import grouped_folds, layer_states, parse_probe_modes, probe_accuracy
 
 
 def _groups(n_seq: int, per_seq: int) -> np.ndarray:

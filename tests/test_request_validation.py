@@ -12,11 +12,11 @@ from conftest import make_model
 from fastapi.testclient import TestClient
 
 from fullband.data.tokenizers import ByteTokenizer
+from fullband.engine import Engine, Sequence
 from fullband.generation import generate
 from fullband.loading import encode_prompt
-from fullband.sampling import LogitsAdjustments, RequestError, RequestLimits, check_request
+from fullband.sampling import LogitsAdjustments, RequestError, RequestLimits, SamplingParams, check_request
 from fullband.serve.app import create_app
-from fullband.serve.engine import Engine, SamplingParams, Sequence
 
 TOK = ByteTokenizer(chat=True)
 CONTEXT = 40
@@ -33,7 +33,7 @@ def refused(call) -> RequestError:
     return info.value
 
 
-# (the keyword arguments of check_request, the parameter it names, a part of the message)
+# (the request's fields and prompts, the parameter check_request names, a part of the message)
 CASES = [
     (dict(max_tokens=0), "max_tokens", "max_tokens must be >= 1, got 0"),
     (dict(temperature=-0.5), "temperature", "temperature must be >= 0"),
@@ -41,8 +41,8 @@ CASES = [
     (dict(top_k=0), "top_k", "top_k must be >= 1, or None for every token"),
     (dict(top_p=0.0), "top_p", "top_p must be in (0, 1]"),
     (dict(top_p=1.5), "top_p", "top_p must be in (0, 1]"),
-    (dict(adjustments=LogitsAdjustments(min_tokens=5)), "min_tokens", "min_tokens (5) must be at most max_tokens (4)"),
-    (dict(adjustments=LogitsAdjustments(logit_bias=((999, 1.0),))), "logit_bias", "logit_bias: token id 999"),
+    (dict(min_tokens=5), "min_tokens", "min_tokens (5) must be at most max_tokens (4)"),
+    (dict(logit_bias={999: 1.0}), "logit_bias", "logit_bias: token id 999"),
     (dict(stop_token_ids=[999]), "stop_token_ids", "stop_token_ids: token id 999 is outside"),
     (dict(stop_token_ids=[True]), "stop_token_ids", "stop_token_ids must hold integer token ids"),
     (dict(logprobs=21), "logprobs", "logprobs must be between 0 and 20"),
@@ -57,7 +57,8 @@ CASES = [
 @pytest.mark.parametrize("kwargs,param,message", CASES)
 def test_each_refusal_names_its_parameter(model, kwargs, param, message):
     args = {"prompts": [[1, 2, 3]], "max_tokens": 4, **kwargs}
-    error = refused(lambda: check_request(model.config, **args))
+    prompts = args.pop("prompts")
+    error = refused(lambda: check_request(model.config, prompts, SamplingParams(**args)))
     assert error.param == param and message in str(error), (error.param, str(error))
     assert isinstance(error, ValueError)  # callers that catch ValueError (the command line) still do
 
@@ -65,7 +66,7 @@ def test_each_refusal_names_its_parameter(model, kwargs, param, message):
 def test_limits_set_a_door_s_bounds_and_names(model):
     api = RequestLimits(max_temperature=2, max_logprobs=5, logprobs_name="top_logprobs", top_k_every=(-1, 0),
                         max_tokens_name="max_new_tokens", context_name="max_seq_len", min_max_tokens=0)
-    check = lambda **kw: check_request(model.config, [[1, 2]], **{"max_tokens": 4, "limits": api, **kw})  # noqa: E731
+    check = lambda **kw: check_request(model.config, [[1, 2]], SamplingParams(**{"max_tokens": 4, **kw}), api)  # noqa: E731
     check(top_k=-1, max_tokens=0, temperature=2, logprobs=5)
     assert refused(lambda: check(temperature=2.5)).args[0] == "temperature must be in [0, 2] (0 = greedy), got 2.5"
     error = refused(lambda: check(logprobs=6))
@@ -94,11 +95,11 @@ def test_the_sampling_fields_name_themselves(kwargs, param):
 DOORS = [
     ({"temperature": -1.0}, SamplingParams(4, temperature=-1.0), {"temperature": -1}, "temperature", "temperature"),
     ({"top_p": 0.0}, SamplingParams(4, top_p=0.0), {"top_p": 0}, "top_p", "top_p"),
-    ({"min_tokens": 5}, SamplingParams(4, adjustments=LogitsAdjustments(min_tokens=5)), {"min_tokens": 5},
+    ({"min_tokens": 5}, SamplingParams(4, min_tokens=5), {"min_tokens": 5},
      "min_tokens", "min_tokens"),
     ({"stop_token_ids": [999]}, SamplingParams(4, stop_token_ids=(999,)), {"stop_token_ids": [999]},
      "stop_token_ids", "stop_token_ids"),
-    ({"logit_bias": {999: 1.0}}, SamplingParams(4, adjustments=LogitsAdjustments(logit_bias=((999, 1.0),))),
+    ({"logit_bias": {999: 1.0}}, SamplingParams(4, logit_bias={999: 1.0}),
      {"logit_bias": {"999": 1}}, "logit_bias", "logit_bias"),
     ({"max_new_tokens": CONTEXT}, SamplingParams(CONTEXT), {"max_tokens": CONTEXT}, "max_new_tokens",
      "max_tokens"),
@@ -144,6 +145,7 @@ def test_the_api_s_own_rules(model):
         for top_k in (-1, 0):  # every token, as in vLLM
             body = {"model": "m", "prompt": "hi", "max_tokens": 2, "top_k": top_k}
             assert client.post("/v1/completions", json=body).status_code == 200
-    server_params = SamplingParams(max_tokens=2, top_k=-1, limits=RequestLimits(top_k_every=(-1, 0)))
-    assert server_params.top_k is None and dataclasses.replace(server_params, seed=1).top_k is None
-    assert SamplingParams(max_tokens=2, top_k=-1).top_k == -1  # refused when submitted: not every door means all
+    every = SamplingParams(max_tokens=2, top_k=-1)
+    assert every.sampled_top_k is None and dataclasses.replace(every, seed=1).sampled_top_k is None
+    check_request(model.config, [[1]], every, RequestLimits(top_k_every=(-1, 0)))  # the server's: every token
+    assert refused(lambda: check_request(model.config, [[1]], every)).param == "top_k"  # not every door means all

@@ -21,15 +21,15 @@ from transformers.generation.logits_process import (
     SequenceBiasLogitsProcessor,
 )
 
-from fullband import generation
+from fullband import engine, generation
 from fullband.cli import main
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
+from fullband.engine import Engine, Sequence
 from fullband.generation import generate, score_continuations
 from fullband.loading import encode_prompt
-from fullband.sampling import BatchAdjuster, LogitsAdjustments
-from fullband.serve.engine import Engine, SamplingParams, Sequence
+from fullband.sampling import BatchAdjuster, LogitsAdjustments, SamplingParams
 
 TOK = ByteTokenizer(chat=True)
 V = TOK.vocab_size
@@ -117,7 +117,7 @@ def test_rows_of_a_batch_with_different_fields_equal_each_row_alone():
             LogitsAdjustments.of(V, None, frequency_penalty=2, min_tokens=4)]
     ends = [(1,), (2, 3), (), (4,)]
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (3, 6, 1, 4)]
-    ids, mask = generation.left_pad(prompts)
+    ids, mask = engine.left_pad(prompts)
     batch = BatchAdjuster(rows, ids, mask, ends, V)
     alone = [BatchAdjuster([r], torch.tensor([p]), torch.ones(1, len(p), dtype=torch.bool), [e], V)
              for r, p, e in zip(rows, prompts, ends)]
@@ -183,12 +183,14 @@ def test_out_of_range_fields_are_refused_by_name(kwargs, message):
 def decode_logits(model, monkeypatch, prompt: list[int], tokens: list[int], mode_kwargs: dict) -> torch.Tensor:
     """(N, V): the raw logits the decode loop computes before each of ``tokens`` (score_continuations runs the
     decode loop of generate_stream with the tokens fed back)."""
-    captured = []
-    real = generation._token_scores
-    monkeypatch.setattr(generation, "_token_scores", lambda logits, *a: captured.append(logits) or real(logits, *a))
+    stepped, whole = [], []  # the engine's steps (feedback modes); standard mode's one call over the continuation
+    real_sample, real_scores = engine.sample_rows, generation._token_scores
+    monkeypatch.setattr(engine, "sample_rows", lambda logits, *a: stepped.append(logits[0]) or real_sample(logits, *a))
+    monkeypatch.setattr(generation, "_token_scores", lambda logits, *a: whole.append(logits[0]) or real_scores(logits,
+                                                                                                                *a))
     score_continuations(model, [prompt], [tokens], scoring="decode", **mode_kwargs)
     monkeypatch.undo()
-    return captured[0][0]
+    return torch.stack(stepped) if stepped else whole[0]
 
 
 @pytest.mark.parametrize("label,mode_kwargs", MODES, ids=[m for m, _ in MODES])
@@ -239,10 +241,11 @@ def test_generate_refuses_bad_fields(model):
 # ---- the engine: rows with different fields in one batch --------------------------------------------------------
 
 
-def engine_params(mode_kwargs: dict, max_tokens: int, stop_token_ids=(), **fields) -> SamplingParams:
+def engine_sequence(prompt: list[int], mode_kwargs: dict, max_tokens: int, sink, stop_token_ids=(),
+                    **fields) -> Sequence:
     decode = DecodeSettings(mode_kwargs["mode"], mode_kwargs.get("fused_passes", 1))
-    return SamplingParams(max_tokens=max_tokens, decode=decode, stop_token_ids=tuple(stop_token_ids),
-                          adjustments=LogitsAdjustments.of(V, max_tokens, **fields))
+    return Sequence(prompt, SamplingParams(max_tokens=max_tokens, stop_token_ids=tuple(stop_token_ids), **fields),
+                    sink, decode)
 
 
 def test_engine_rows_with_different_fields_equal_generate_alone(model, single_thread):
@@ -260,7 +263,7 @@ def test_engine_rows_with_different_fields_equal_generate_alone(model, single_th
         for join, prompt, mode_kwargs, fields in plan:
             if join == step:
                 events: list = []
-                seq = Sequence(prompt, engine_params(mode_kwargs, 12, (TOK.eos_id,), **fields), events.append)
+                seq = engine_sequence(prompt, mode_kwargs, 12, events.append, (TOK.eos_id,), **fields)
                 engine.submit([seq])
                 runs.append((seq, events, prompt, mode_kwargs, fields))
         if step > plan[-1][0] and all(seq.finished for seq, *_ in runs):

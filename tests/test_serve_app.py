@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from fullband.data import load_tokenizer
 from fullband.data.tokenizers import BPETokenizer, ByteTokenizer
+from fullband.engine import Engine, Event
 from fullband.serve.app import Choice, create_app
-from fullband.serve.engine import Engine, Event
 
 
 def test_end_of_text_stops_unless_ignore_eos(tmp_path):

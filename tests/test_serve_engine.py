@@ -11,22 +11,29 @@ import torch
 from conftest import make_model, reference_decode
 
 from fullband.decoding import DecodeSettings
+from fullband.engine import Engine, QueueFull, Sequence
+from fullband.engine import SamplingParams as _SamplingParams
 from fullband.generation import generate
-from fullband.serve import engine as engine_module
-from fullband.serve.engine import Engine, QueueFull, Sequence
-from fullband.serve.engine import SamplingParams as _SamplingParams
 
 MODES = [("standard", 1), ("soft", 1), ("fused", 1), ("fused", 3)]
 
 
-def SamplingParams(mode: str = "soft", fused_passes: int | str = 1, **kwargs) -> _SamplingParams:
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A request as the engine takes it: its sampling parameters and its decode settings."""
+
+    params: _SamplingParams
+    decode: DecodeSettings
+
+
+def SamplingParams(mode: str = "soft", fused_passes: int | str = 1, **kwargs) -> Request:
     """The engine's request parameters with the decode settings of ``mode`` and ``fused_passes``."""
-    return _SamplingParams(decode=DecodeSettings(mode, fused_passes), **kwargs)
+    return Request(_SamplingParams(**kwargs), DecodeSettings(mode, fused_passes))
 
 
-def collect(prompt: list[int], params: SamplingParams) -> tuple[Sequence, list]:
+def collect(prompt: list[int], request: Request) -> tuple[Sequence, list]:
     events: list = []
-    return Sequence(prompt, params, events.append), events
+    return Sequence(prompt, request.params, events.append, request.decode), events
 
 
 def run_to_end(engine: Engine, sequences: list[Sequence]) -> None:
@@ -37,9 +44,9 @@ def run_to_end(engine: Engine, sequences: list[Sequence]) -> None:
     raise AssertionError("sequences did not finish")
 
 
-def reference(model, prompt, params: SamplingParams) -> list[int]:
+def reference(model, prompt, request: Request | Sequence) -> list[int]:
     """The greedy tokens of fullband.generation.generate for the same prompt and mode."""
-    tokens = generate(model, [prompt], params.max_tokens, decode=params.decode)[0]
+    tokens = generate(model, [prompt], request.params.max_tokens, decode=request.decode)[0]
     return tokens.tolist()
 
 
@@ -96,10 +103,9 @@ def test_staggered_joins_match_generate(single_thread, monkeypatch, window):
 
 
 def test_joining_prompts_are_prefilled_in_bounded_groups(single_thread, monkeypatch):
-    monkeypatch.setattr(engine_module, "PREFILL_TOKENS", 20)
     model = make_model(seed=6, dtype=torch.float64, max_seq_len=40)
     shapes = record_prefills(model, monkeypatch)
-    engine = Engine(model, max_batch=8)
+    engine = Engine(model, max_batch=8, prefill_tokens=20)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], list(range(11, 23)), [23, 24, 25], [26, 27]]
     modes = ["soft", "standard", "soft", "standard", "fused"]
     runs = [collect(p, SamplingParams(max_tokens=6, mode=m)) for p, m in zip(prompts, modes)]
@@ -108,7 +114,7 @@ def test_joining_prompts_are_prefilled_in_bounded_groups(single_thread, monkeypa
     # Plain prefills: 5 + 5 together (2 x 5 <= 20), then 12 alone (3 x 12 > 20), then 3 (2 x 12 > 20); fused apart.
     assert shapes == [(2, 5), (1, 12), (1, 3), (1, 2)]
     for (seq, events), prompt in zip(runs, prompts):
-        assert [e.token for e in events] == reference(model, prompt, seq.params)
+        assert [e.token for e in events] == reference(model, prompt, seq)
 
 
 def test_stop_tokens_cancel_and_queue_limits(single_thread):
@@ -126,7 +132,7 @@ def test_stop_tokens_cancel_and_queue_limits(single_thread):
     first_stop = expected.index(expected[5])
     assert [e.token for e in stop_events] == expected[: first_stop + 1]
     assert stop_events[-1].finish_reason == "stop" and stop_events[-1].is_stop_token
-    assert [e.token for e in waiting_events] == reference(model, prompt, waiting.params)
+    assert [e.token for e in waiting_events] == reference(model, prompt, waiting)
 
     # A cancelled running sequence leaves at the next step and frees its slot for the waiting one.
     long, long_events = collect(prompt, SamplingParams(max_tokens=30))
@@ -154,7 +160,8 @@ def test_seeded_sampling_does_not_depend_on_the_batch(single_thread):
     engine.submit([again] + [s for s, _ in crowd[3:]])
     run_to_end(engine, [again] + [s for s, _ in crowd])
     assert [e.token for e in again_events] == [e.token for e in alone_events]
-    other, other_events = collect([5, 6, 7], dataclasses.replace(params, seed=8))
+    reseeded = dataclasses.replace(params, params=dataclasses.replace(params.params, seed=8))
+    other, other_events = collect([5, 6, 7], reseeded)
     engine.submit([other])
     run_to_end(engine, [other])
     assert [e.token for e in other_events] != [e.token for e in alone_events]
@@ -190,17 +197,17 @@ def test_a_failing_step_fails_its_sequences_and_the_scheduler_goes_on(single_thr
         monkeypatch.setattr(engine, "_forward", broken_forward)
         done = threading.Event()
         events: list = []
-        seq = Sequence([1, 2], SamplingParams(max_tokens=5), lambda e: (events.append(e), e.error and done.set()))
+        seq = Sequence([1, 2], _SamplingParams(max_tokens=5), lambda e: (events.append(e), e.error and done.set()))
         engine.submit([seq])
         assert done.wait(30)
         assert "boom" in events[-1].error and engine.stats()["failed"] == 1 and engine.stats()["running"] == 0
 
         finished = threading.Event()
         later: list = []
-        seq = Sequence([1, 2], SamplingParams(max_tokens=5),
+        seq = Sequence([1, 2], _SamplingParams(max_tokens=5),
                        lambda e: (later.append(e), e.finish_reason and finished.set()))
         engine.submit([seq])
         assert finished.wait(30)
-        assert [e.token for e in later] == reference(model, [1, 2], seq.params)
+        assert [e.token for e in later] == reference(model, [1, 2], seq)
     finally:
         engine.stop()

@@ -1,7 +1,7 @@
 """Is the feedback map a contraction? The paper's Fig. 3, small: for the FBTs trained by
 the lm_recipes sweep (`python -m experiments.run lm_recipes`; e.g. the paper's 75/22/3 schedule, arm `fbt`,
 against 75% one pass + 25% two passes, arm `fbt_7525`), run the Jacobi iteration of fused passes
-(``fullband.jacobi.jacobi_curve``) far past the trained depth and report, per arm, the mean over seeds and its
+(``fullband.tools.jacobi.jacobi_curve``) far past the trained depth and report, per arm, the mean over seeds and its
 95% t interval of
 
 - the relative change of the top states ||h^(k) − h^(k−1)|| / ||h^(k−1)|| at several k (positions ≥ k);
@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from experiments.stats import fmt
-from fullband.jacobi import jacobi_curve
 from fullband.loading import load_model_and_data
+from fullband.tools.jacobi import jacobi_curve
 
 SHOWN = (1, 2, 3, 4, 5, 10, 30, 100)
 

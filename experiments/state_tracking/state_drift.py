@@ -43,7 +43,7 @@ from fullband.data import ByteTokenizer, Example
 from fullband.data.synthetic import SyntheticTask, synthetic_examples
 from fullband.generation import sequential_forward
 from fullband.model import FullBandLM
-from fullband.probe import fit_logistic
+from fullband.tools.probe import fit_logistic
 
 
 def states_after_moves(model: FullBandLM, task: SyntheticTask, examples: list[Example]
@@ -86,7 +86,7 @@ def per_move_curves(h: torch.Tensor, y: torch.Tensor, fit_h: torch.Tensor, fit_y
     linear probe fitted on the training-length states (fit_h, fit_y) and the novelty of the states, over
     every row and over the rows the probe still reads right."""
     with torch.enable_grad():  # the callers run the model under no_grad
-        probe = fit_logistic(fit_h, fit_y, classes)  # fullband.probe's logistic regression
+        probe = fit_logistic(fit_h, fit_y, classes)  # fullband.tools.probe.s logistic regression
     curve: dict[str, list[float | None]] = {"probe": [], "novelty": [], "novelty_ok": []}
     novelty = Novelty(fit_h)
     for j in range(h.shape[1]):

@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from fullband.cli_options import add_decode_options, add_sampling_field_options, decode_overrides, sampling_field_values
+from fullband.cli_options import add_decode_options, add_sampling_field_options, decode_overrides, sampling_params
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import DecodeSettings
 from fullband.detokenize import StreamingDetokenizer
@@ -55,10 +55,9 @@ def run(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_model(args.model, args.device)
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
-    fields = sampling_field_values(args)
     # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
-    fields["stop_token_ids"] = tuple(dict.fromkeys([*end_of_turn_ids(tokenizer), *fields["stop_token_ids"]]))
-    stop = set(fields["stop_token_ids"])
+    sampling = sampling_params(args, args.max_new_tokens, end_of_turn_ids(tokenizer))
+    stop = set(sampling.stop_token_ids)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     for turn in _user_turns(args):
         messages.append({"role": "user", "content": turn})
@@ -67,8 +66,7 @@ def run(args: argparse.Namespace) -> None:
         if room < 1:
             raise FullbandError(f"the conversation is {len(prompt)} tokens, the model's max_seq_len is "
                                 f"{model.config.max_seq_len}: start a new conversation")
-        stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), decode=decode,
-                                 temperature=args.temperature, top_p=args.top_p, seed=args.seed, **fields)
+        stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), sampling=sampling, decode=decode)
         answer = StreamingDetokenizer(tokenizer)
         if args.message:  # echo scripted turns, so the transcript reads like the interactive one
             sys.stdout.write(f"you> {turn}\n")

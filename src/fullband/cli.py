@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullband import chat_cli, jacobi, lm_eval_cli, probe, sft
+from fullband import chat_cli, lm_eval_cli, sft
 from fullband.bench import cli as bench_cli
 from fullband.cli_options import (
     add_config_options,
@@ -20,12 +20,11 @@ from fullband.cli_options import (
     add_sampling_field_options,
     add_validation_data_options,
     decode_overrides,
-    sampling_field_values,
+    sampling_params,
 )
 from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
 from fullband.decoding import DecodeSettings
-from fullband.demo import run_demo
 from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import FullbandError
 from fullband.eval import evaluate, format_eval_table
@@ -34,6 +33,8 @@ from fullband.hf import convert_from_hf, export_hf
 from fullband.loading import encode_prompt, load_model, load_model_and_data, preset_path
 from fullband.serve import cli as serve_cli
 from fullband.storage import consolidate, verify
+from fullband.tools import jacobi, probe
+from fullband.tools.demo import run_demo
 from fullband.train import train
 
 
@@ -96,11 +97,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
-    fields = sampling_field_values(args)
-    ends = {tokenizer.eos_id, *fields["stop_token_ids"]}
-    stream = generate_stream(model, [prompt], args.max_new_tokens, decode=settings, temperature=args.temperature,
-                             top_k=args.top_k, top_p=args.top_p, eos_token_id=tokenizer.eos_id, seed=args.seed,
-                             stats=stats, **fields)
+    sampling = sampling_params(args, args.max_new_tokens, [tokenizer.eos_id])
+    ends = set(sampling.stop_token_ids)
+    stream = generate_stream(model, [prompt], sampling=sampling, decode=settings, stats=stats)
     first = next(stream, None)  # bad arguments fail here, before anything is printed
     if settings.mode == "fused" and settings.fused_passes == "auto" and stats:
         cut = "" if stats["fused_converged"][0] else (

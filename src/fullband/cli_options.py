@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 import typing
+from collections.abc import Iterable
 from typing import Any
 
 from fullband.config import SECTIONS, field_help, section_fields
 from fullband.loading import PRESET_DIR
+from fullband.sampling import SamplingParams
 
 
 def _type_name(annotation: Any) -> str:
@@ -102,13 +104,16 @@ def add_sampling_field_options(parser: argparse.ArgumentParser) -> None:
                        help="also end at this token id (repeat for several)")
 
 
-def sampling_field_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments of ``generate_stream`` given by ``add_sampling_field_options``."""
+def sampling_params(args: argparse.Namespace, max_tokens: int, end_ids: Iterable[int] = ()) -> SamplingParams:
+    """The request of a command's sampling flags (``--temperature``, ``--top-k``, ``--top-p``, ``--seed`` and those
+    of ``add_sampling_field_options``), ending also at ``end_ids`` (the tokenizer's end tokens)."""
     bias: dict[int, float] = {}
     for token, value in args.logit_bias or []:
         if token in bias:
             raise ValueError(f"--logit-bias names token {token} twice")
         bias[token] = value
-    return {"logit_bias": bias, "presence_penalty": args.presence_penalty,
-            "frequency_penalty": args.frequency_penalty, "repetition_penalty": args.repetition_penalty,
-            "min_tokens": args.min_tokens, "stop_token_ids": tuple(args.stop_token_ids or ())}
+    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=getattr(args, "top_k", None),
+                          top_p=args.top_p, seed=args.seed, logit_bias=bias, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
+                          min_tokens=args.min_tokens,
+                          stop_token_ids=tuple(dict.fromkeys([*end_ids, *(args.stop_token_ids or ())])))

@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from fullband.decoding import DecodeSettings
 from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
+from fullband.sampling import SamplingParams
 from fullband.stop_strings import first_stop, tokens_until_stop
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ class FullbandLM(TemplateLM):
 
     # ---- generation -----------------------------------------------------------------------------------
 
-    def _generation_options(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int, dict[str, Any]]:
+    def _generation_options(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int, SamplingParams]:
         unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))
         if unknown:
             log.warning("fullband lm-eval model ignores generation arguments %s (it knows %s)", unknown, GEN_KWARGS)
@@ -209,8 +210,9 @@ class FullbandLM(TemplateLM):
             temperature = 0.0
         elif temperature == 0.0:
             temperature = 1.0  # do_sample without a temperature: sample from the model's distribution
-        options = dict(temperature=temperature, top_k=gen_kwargs.get("top_k"), top_p=gen_kwargs.get("top_p"))
-        return until, max_gen_toks, options
+        sampling = SamplingParams(max_tokens=max_gen_toks, temperature=temperature, top_k=gen_kwargs.get("top_k"),
+                                  top_p=gen_kwargs.get("top_p"), stop_token_ids=(self.tokenizer_fb.eos_id,))
+        return until, max_gen_toks, sampling
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         results: list[str] = [""] * len(requests)
@@ -218,22 +220,20 @@ class FullbandLM(TemplateLM):
         for index, req in enumerate(requests):  # one batch shape per distinct set of generation arguments
             groups.setdefault(repr(sorted(req.args[1].items(), key=lambda kv: kv[0])), []).append(index)
         for indices in groups.values():
-            until, max_gen_toks, options = self._generation_options(requests[indices[0]].args[1])
+            until, max_gen_toks, sampling = self._generation_options(requests[indices[0]].args[1])
             indices = sorted(indices, key=lambda i: -len(requests[i].args[0]))
             for start in range(0, len(indices), self.batch_size):
                 chunk = indices[start : start + self.batch_size]
                 prompts = [self.tok_encode(requests[i].args[0])[-(self.max_length - max_gen_toks) :] for i in chunk]
-                for i, text in zip(chunk, self._generate(prompts, until, max_gen_toks, options)):
+                for i, text in zip(chunk, self._generate(prompts, until, sampling)):
                     results[i] = text
                     self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return results
 
-    def _generate(self, prompts: list[list[int]], until: list[str], max_gen_toks: int, options: dict) -> list[str]:
+    def _generate(self, prompts: list[list[int]], until: list[str], sampling: SamplingParams) -> list[str]:
         """Decode a batch until every row has produced EOS or one of the ``until`` strings."""
         eos = self.tokenizer_fb.eos_id
-        stream = generate_stream(
-            self.model, prompts, max_gen_toks, decode=self.decode, eos_token_id=eos, **options,
-        )
+        stream = generate_stream(self.model, prompts, sampling=sampling, decode=self.decode)
         texts = [self.tok_decode(ids) for ids in tokens_until_stop(stream, len(prompts), eos, self.tok_decode, until)]
         return [text[: first_stop(text, until)] for text in texts]
 

@@ -14,9 +14,9 @@ from fullband.architectures import LanguageModel, config_from_dict, load_pretrai
 from fullband.data import PreparedDataset, Tokenizer, load_tokenizer, open_dataset
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.model import FullBandLM
+from fullband.model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, FullBandLM
 from fullband.schedule import PassSchedule
-from fullband.storage import BEST, find_tokenizer_dir, read_safetensors, resolve_model_dir
+from fullband.storage import RunDir, find_tokenizer_dir, read_safetensors, resolve_model_dir
 
 if TYPE_CHECKING:
     import torch
@@ -61,17 +61,33 @@ def load_model(
 def fill_decode_defaults(model: LanguageModel, model_dir: Path) -> None:
     """A run's model saved before decode settings were stored with the weights gets the settings its run's
     train.schedule implies (as the trainer now stores them); a model of no run keeps standard."""
-    if model.decode_defaults:
-        return
-    schedule = run_config_section(run_dir_of(model_dir), "train").get("schedule")
+    if not model.decode_defaults:
+        settings = run_decode_settings(RunDir.of(model_dir), model.config.max_seq_len)
+        if settings is not None:
+            settings.store_in(model)
+
+
+def run_decode_settings(run: RunDir | None, max_seq_len: int) -> DecodeSettings | None:
+    """The decode settings a run's train.schedule implies (None: no run, or a schedule fullband does not know)."""
+    schedule = run.config_section("train").get("schedule") if run is not None else None
     if schedule is None:
-        return
+        return None
     try:
-        parsed = PassSchedule.parse(schedule)
+        return DecodeSettings.trained_with(PassSchedule.parse(schedule), max_seq_len)
     except ConfigError:
-        return  # a schedule fullband does not know: standard, the safe mode for any model
-    settings = DecodeSettings.trained_with(parsed, model.config.max_seq_len)
-    settings.store_in(model)
+        return None  # a schedule fullband does not know: standard, the safe mode for any model
+
+
+def trained_with_feedback(model_dir: Path) -> bool:
+    """Whether the model in ``model_dir`` was trained with feedback: the decode settings stored with it (or, for a
+    model saved before they were stored, those its run implies) decode in a feedback mode. The one answer every
+    door and ``train.init_fusion auto`` read; a model of no run without stored settings (a conversion) has none."""
+    if (model_dir / DECODE_DEFAULTS_NAME).is_file():
+        stored = DecodeSettings.from_dict(json.loads((model_dir / DECODE_DEFAULTS_NAME).read_text()),
+                                          str(model_dir / DECODE_DEFAULTS_NAME))
+    else:
+        stored = run_decode_settings(RunDir.of(model_dir), DEFAULT_FUSED_MAX_PASSES)
+    return stored is not None and stored.mode != "standard"
 
 
 def run_dir_of(path: str | Path) -> Path | None:
@@ -79,25 +95,13 @@ def run_dir_of(path: str | Path) -> Path | None:
     ``train.keep_best``) belongs to, else None."""
     if _exported_config(Path(path)) is not None:
         return None
-    model_dir = resolve_model_dir(path)
-    if model_dir.parent.parent.name == "checkpoints":
-        return model_dir.parents[2]
-    if model_dir.parent.name == BEST and (model_dir.parents[1] / "config.yaml").is_file():
-        return model_dir.parents[1]
-    return None
+    run = RunDir.of(resolve_model_dir(path))
+    return run.path if run is not None else None
 
 
 def run_config_section(run_dir: Path | None, section: str) -> dict[str, Any]:
     """One section of the config.yaml of the run the model was trained in ({} if unknown or unreadable)."""
-    if run_dir is None or not (run_dir / "config.yaml").is_file():
-        return {}
-    import yaml
-
-    try:
-        values = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get(section) or {}
-    except (OSError, yaml.YAMLError, AttributeError):
-        return {}
-    return values if isinstance(values, dict) else {}
+    return RunDir(run_dir).config_section(section) if run_dir is not None else {}
 
 
 def _exported_config(path: Path) -> dict | None:
@@ -160,8 +164,8 @@ def default_data_dir(model_dir: Path) -> Path:
             pass
     if recorded and Path(recorded).is_dir():
         return Path(recorded)
-    run = run_dir_of(model_dir)
-    return (run if run is not None else model_dir.parent.parent.parent) / "data"
+    run = RunDir.of(model_dir)
+    return run.data if run is not None else model_dir / "data"
 
 
 def load_model_and_data(

@@ -316,7 +316,7 @@ class ModelOutput:
     logits: torch.Tensor  # (B, T, V)
     hidden: torch.Tensor  # (B, T, D): the top states after the final norm, the ones fed back
     past_key_values: KVCache | None = None
-    passes: torch.Tensor | None = None  # prefill only: (B,) fused passes each row ran (fixed n or adaptive)
+    fused_passes: torch.Tensor | None = None  # prefill only: (B,) fused passes each row ran (fixed n or adaptive)
     # prefill with fused_passes="auto" only: (B,) whether the row's states met fused_tol (False: it was cut
     # off at fused_max_passes while still changing)
     converged: torch.Tensor | None = None
@@ -652,11 +652,11 @@ class FullBandLM(nn.Module):
         ``fused_tol``, or ``fused_max_passes`` passes have run; the row's result is then exactly fused(k*)
         for its own k*. The rule is per row, so a row's k* and output do not depend on its batch. After
         T - 1 fused passes a T-token prompt is at the exact recurrence's fixed point, so ``fused_tol=0``
-        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.passes`` holds k* per row and, in
+        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.fused_passes`` holds k* per row and, in
         adaptive mode, ``out.converged`` whether it met ``fused_tol`` (False: stopped by ``fused_max_passes``).
 
         ``fused_passes="exact"``: that fixed point computed directly, one token at a time through the cache (the
-        exact recurrence; ``_exact_prefill``), at the FLOPs of one pass instead of up to T; ``out.passes`` is then
+        exact recurrence; ``_exact_prefill``), at the FLOPs of one pass instead of up to T; ``out.fused_passes`` is then
         the Jacobi passes it stands for (each row's real tokens - 1)."""
         if fused_passes == "exact":
             return self._exact_prefill(input_ids, attention_mask, position_ids, past_key_values, use_cache,
@@ -677,7 +677,7 @@ class FullBandLM(nn.Module):
         out = self(input_ids, **kwargs)
         n_passes = fused_max_passes if adaptive else fused_passes
         if n_passes == 0:
-            out.passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
+            out.fused_passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
             return out
         real = None if attention_mask is None else attention_mask.to(torch.bool)
         plain = prompt_plain(input_ids, real, position_ids)
@@ -699,7 +699,7 @@ class FullBandLM(nn.Module):
             out = new
             if adaptive and bool(done.all()):  # one device sync per pass, only in adaptive mode
                 break
-        out.passes = passes
+        out.fused_passes = passes
         if adaptive:
             out.converged = done
         return out
@@ -731,7 +731,7 @@ class FullBandLM(nn.Module):
                               position_ids=position_ids, logits_to_keep=logits_to_keep)
         out.past_key_values = cache if use_cache else None
         tokens = torch.full((B,), T, device=input_ids.device) if real is None else real.sum(dim=1)
-        out.passes = (tokens - 1).clamp(min=0)
+        out.fused_passes = (tokens - 1).clamp(min=0)
         return out
 
     def recurrence(

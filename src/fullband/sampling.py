@@ -32,7 +32,8 @@ import torch
 
 from fullband.errors import FullbandError
 
-__all__ = ["BatchAdjuster", "LogitsAdjustments", "RequestError", "RequestLimits", "check_request", "check_token_ids"]
+__all__ = ["BatchAdjuster", "LogitsAdjustments", "RequestError", "RequestLimits", "SamplingParams", "check_request",
+           "check_token_ids", "sample_rows"]
 
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
@@ -61,25 +62,55 @@ class RequestLimits:
     top_k_every: tuple[int, ...] = ()  # top_k values that mean every token (the server: -1 and 0, as in vLLM)
 
 
+@dataclass(frozen=True)
+class SamplingParams:
+    """One request: how many tokens and how each is chosen, with vLLM's field names. It is the only request object
+    below the doors: ``generate``'s keywords, the command line's flags and the server's JSON body are folded into
+    one ``SamplingParams`` (and one ``fullband.decoding.DecodeSettings``, the latent-feedback mode) where they
+    arrive. Checked against a model when a request is submitted (``check_request``), within the door's limits.
+
+    ``stop_token_ids``: tokens that end the sequence (the token is emitted; masked until ``min_tokens``).
+    ``logprobs``: None for none; k >= 0 for the chosen token's log-probability and the top k."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int | None = None  # None (or a door's top_k_every value, e.g. the server's -1): every token
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: Mapping[int | str, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    @property
+    def sampled_top_k(self) -> int | None:
+        """top_k as sampling reads it: None when it keeps every token."""
+        return self.top_k if self.top_k is not None and self.top_k >= 1 else None
+
+
 def check_request(
     config: Any,
     prompts: torch.Tensor | Sequence[Sequence[int]],
-    max_tokens: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    adjustments: LogitsAdjustments | None = None,
-    stop_token_ids: Iterable[int] = (),
-    logprobs: int | None = None,
+    params: SamplingParams,
     limits: RequestLimits = RequestLimits(),
-) -> None:
-    """Raise ``RequestError`` naming the first parameter that a model of ``config`` (its ``vocab_size`` and
-    ``max_seq_len``) cannot serve. ``prompts``: token-id rows, or a (B, T) tensor of rows padded with valid ids;
-    ``max_tokens``: the tokens to generate after each; ``logprobs``: the top log-probabilities asked per token."""
+) -> LogitsAdjustments:
+    """Raise ``RequestError`` naming the first parameter of ``params`` that a model of ``config`` (its ``vocab_size``
+    and ``max_seq_len``) cannot serve within a door's ``limits``; return the request's checked logits adjustments.
+    ``prompts``: token-id rows, or a (B, T) tensor of rows padded with valid ids."""
     budget = limits.max_tokens_name
+    max_tokens, temperature, top_k, top_p = params.max_tokens, params.temperature, params.top_k, params.top_p
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise RequestError(f"{budget} must be an integer, got {max_tokens!r}", budget)
     if max_tokens < limits.min_max_tokens:
         raise RequestError(f"{budget} must be >= {limits.min_max_tokens}, got {max_tokens}", budget)
-    if not 0 <= temperature <= limits.max_temperature:  # also refuses NaN
+    if not _is_number(temperature) or not 0 <= temperature <= limits.max_temperature:  # also refuses NaN
         allowed = f"in [0, {limits.max_temperature:g}]" if math.isfinite(limits.max_temperature) else ">= 0"
         raise RequestError(f"temperature must be {allowed} (0 = greedy), got {temperature}", "temperature")
     if top_k is not None and top_k < 1 and top_k not in limits.top_k_every:
@@ -87,12 +118,13 @@ def check_request(
         raise RequestError(f"top_k must be >= 1, or {every} for every token, got {top_k}", "top_k")
     if top_p is not None and not 0 < top_p <= 1:
         raise RequestError(f"top_p must be in (0, 1], got {top_p}", "top_p")
-    adjustments = adjustments or LogitsAdjustments()
-    _check_min_tokens(adjustments.min_tokens, max_tokens)
+    vocab_size = config.vocab_size
+    adjustments = LogitsAdjustments.of(vocab_size, max_tokens, params.logit_bias, params.presence_penalty,
+                                       params.frequency_penalty, params.repetition_penalty, params.min_tokens)
+    logprobs = params.logprobs
     if logprobs is not None and not 0 <= logprobs <= limits.max_logprobs:
         raise RequestError(f"{limits.logprobs_name} must be between 0 and {limits.max_logprobs}, got {logprobs}",
                            limits.logprobs_name)
-    vocab_size = config.vocab_size
     if isinstance(prompts, torch.Tensor):
         length, outside = prompts.shape[-1], (prompts < 0) | (prompts >= vocab_size)
         bad = int(prompts[outside][0]) if bool(outside.any()) else None
@@ -105,13 +137,13 @@ def check_request(
         raise RequestError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size}) (ids outside the "
                            "vocabulary have no embedding); was the prompt encoded with this model's tokenizer?",
                            "prompt")
-    check_token_ids("stop_token_ids", stop_token_ids, vocab_size)
-    check_token_ids("logit_bias", (token for token, _ in adjustments.logit_bias), vocab_size)
+    check_token_ids("stop_token_ids", params.stop_token_ids, vocab_size)
     total = length + max_tokens
     if total > config.max_seq_len:
         raise RequestError(f"the prompt ({length} tokens) plus {budget} ({max_tokens}) = {total} exceeds the "
                            f"model's {limits.context_name} {config.max_seq_len}; shorten the prompt or lower {budget}",
                            budget)
+    return adjustments
 
 
 def check_token_ids(name: str, ids: Iterable[int], vocab_size: int) -> tuple[int, ...]:
@@ -340,3 +372,41 @@ def _pad_with_first(history: torch.Tensor, width: int) -> torch.Tensor:
     if history.shape[1] == width:
         return history
     return torch.cat([history[:, :1].expand(-1, width - history.shape[1]), history], dim=1)
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """(B, V) logits -> (B, V) probabilities at ``temperature`` restricted to the top_k tokens and the top_p
+    nucleus (the first token always stays)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """(B, V) adjusted logits -> (B,) token ids, row i chosen by ``params[i]`` (temperature 0: the argmax) with one
+    uniform draw from its own ``generators[i]``, so a row's token never depends on the other rows. Rows that sample
+    with the same temperature, top_k and top_p are filtered together."""
+    tokens = logits.argmax(dim=-1)
+    groups: dict[tuple[float, int | None, float | None], list[int]] = {}
+    for i, p in enumerate(params):
+        if p.temperature > 0:
+            groups.setdefault((p.temperature, p.sampled_top_k, p.top_p), []).append(i)
+    for (temperature, top_k, top_p), rows in groups.items():
+        index = torch.tensor(rows, device=logits.device)
+        cdf = filtered_probs(logits[index], temperature, top_k, top_p).double().cumsum(dim=-1)
+        uniform = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64, device=logits.device)
+                             for i in rows])
+        # The first token whose cumulative probability exceeds u · total: a token of probability 0 is never chosen.
+        chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        tokens[index] = chosen.clamp(max=logits.shape[-1] - 1)
+    return tokens

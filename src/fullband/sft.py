@@ -27,7 +27,7 @@ from fullband.config import build_config
 from fullband.errors import ConfigError
 from fullband.eval import format_eval_table
 from fullband.loading import preset_path
-from fullband.storage import find_tokenizer_dir, resolve_model_dir
+from fullband.storage import RunDir, find_tokenizer_dir, resolve_model_dir
 from fullband.train import train
 
 SFT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -62,8 +62,9 @@ def _read_yaml(path: Path) -> dict:
 def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
     """The nested config of an SFT run of ``model_dir`` before command-line overrides (see the module doc)."""
     raw: dict[str, dict[str, Any]] = {}
-    run_config = model_dir.parent.parent.parent / "config.yaml"
-    if model_dir.name == "model" and run_config.is_file():
+    run = RunDir.of(model_dir)
+    run_config = run.config_file if run is not None else None
+    if run_config is not None and run_config.is_file():
         # The run's data section describes its pretraining corpus, not the chat data.
         raw = {k: dict(v or {}) for k, v in _read_yaml(run_config).items() if k in ("model", "train", "eval")}
     for section, values in SFT_DEFAULTS.items():

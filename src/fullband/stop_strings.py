@@ -18,7 +18,7 @@ def tokens_until_stop(
     stream: Iterable[torch.Tensor],
     rows: int,
     eos_id: int | None,
-    decode: Callable[[list[int]], str],
+    detokenize: Callable[[list[int]], str],
     stops: Sequence[str] = (),
     stop_ids: Collection[int] = (),
 ) -> list[list[int]]:
@@ -37,7 +37,7 @@ def tokens_until_stop(
                 ended[row] = True
                 continue
             produced[row].append(token)
-            if token in stop_ids or (stops and first_stop(decode(produced[row]), stops) is not None):
+            if token in stop_ids or (stops and first_stop(detokenize(produced[row]), stops) is not None):
                 ended[row] = True
         if all(ended):
             break

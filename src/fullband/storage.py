@@ -34,10 +34,12 @@ import shutil
 import sys
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+import yaml
 from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
@@ -53,6 +55,57 @@ DCP_DIR = "dcp"  # a DCP checkpoint's shards, beside its model/ directory
 MODEL_KEY = "model"  # the model's entry in a DCP checkpoint's state dict ({"model": ..., "optimizer": ...})
 
 
+@dataclass(frozen=True)
+class RunDir:
+    """A training run's directory, the one place its layout is spelled out: ``config.yaml`` (the run's config),
+    ``checkpoints/step_N/`` (each with ``model/``), ``best/`` (``train.keep_best``'s model), ``tokenizer/`` and the
+    prepared ``data/``."""
+
+    path: Path
+    CONFIG: ClassVar[str] = "config.yaml"
+
+    @classmethod
+    def of(cls, model_dir: str | os.PathLike) -> RunDir | None:
+        """The run a checkpoint's (RUN/checkpoints/STEP/model) or best model's (RUN/best/model) model directory
+        belongs to, else None (a model directory of no run: a conversion, a save_pretrained copy, an export)."""
+        model_dir = Path(model_dir)
+        if model_dir.name != MODEL_KEY or len(model_dir.parents) < 3:
+            return None
+        if model_dir.parents[1].name == "checkpoints":
+            return cls(model_dir.parents[2])
+        if model_dir.parent.name == BEST and (model_dir.parents[1] / cls.CONFIG).is_file():
+            return cls(model_dir.parents[1])
+        return None
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / self.CONFIG
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        return self.path / BEST
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def data(self) -> Path:
+        return self.path / "data"
+
+    def config_section(self, section: str) -> dict[str, Any]:
+        """One section of the run's config.yaml ({} if it is missing or unreadable)."""
+        try:
+            values = (yaml.safe_load(self.config_file.read_text()) or {}).get(section) or {}
+        except (OSError, yaml.YAMLError, AttributeError):
+            return {}
+        return values if isinstance(values, dict) else {}
+
+
 def sha256_of(path: Path) -> str:
     """The hex sha256 of a file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
@@ -64,7 +117,7 @@ def sha256_of(path: Path) -> str:
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete-looking checkpoint directories (renamed into place), oldest first."""
-    root = Path(run_dir) / "checkpoints"
+    root = RunDir(Path(run_dir)).checkpoints
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
@@ -108,7 +161,7 @@ def latest_valid_checkpoint(run_dir: Path, hashes: bool = True) -> Path | None:
 
 def read_best(run_dir: Path) -> dict[str, Any] | None:
     """best.json of ``RUN/best/`` if it is complete (verified), else None."""
-    path = run_dir / BEST
+    path = RunDir(Path(run_dir)).best
     if not path.is_dir():
         return None
     try:
@@ -130,7 +183,7 @@ def resolve_model_dir(path: str | os.PathLike, hashes: bool = False) -> Path:
     if (path / "model" / "config.json").is_file():
         verify_checkpoint(path, hashes)
         return path / "model"
-    if (path / "checkpoints").is_dir():
+    if RunDir(path).checkpoints.is_dir():
         latest = latest_valid_checkpoint(path, hashes)
         if latest is None:
             raise CheckpointError(f"run directory {path} has no complete checkpoint")
@@ -150,7 +203,8 @@ def verify(path: str | os.PathLike) -> list[Path]:
     if (path / MANIFEST).is_file() or (path / "model" / "config.json").is_file():
         checkpoints = [path]
     else:
-        checkpoints = list_checkpoints(path) + ([path / BEST] if (path / BEST).is_dir() else [])
+        best = RunDir(path).best
+        checkpoints = list_checkpoints(path) + ([best] if best.is_dir() else [])
         if not checkpoints:
             raise CheckpointError(f"{path} is neither a checkpoint (manifest.json) nor a run directory with "
                                   "checkpoints/ or best/")
@@ -272,8 +326,9 @@ def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
 
 
 def find_tokenizer_dir(model_dir: Path) -> Path | None:
-    """The tokenizer saved with a model: MODEL/tokenizer, else the run's tokenizer/ two levels up."""
-    for candidate in (model_dir / "tokenizer", model_dir.parent.parent.parent / "tokenizer"):
-        if candidate.is_dir():
+    """The tokenizer saved with a model: MODEL/tokenizer, else its run's tokenizer/."""
+    run = RunDir.of(model_dir)
+    for candidate in (model_dir / "tokenizer", run.tokenizer if run is not None else None):
+        if candidate is not None and candidate.is_dir():
             return candidate
     return None

@@ -190,7 +190,7 @@ class RecurrentLM(nn.Module):
             raise ValueError(self.no_feedback)
         out = self(input_ids, attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
                    logits_to_keep=logits_to_keep)
-        out.passes = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+        out.fused_passes = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
         return out
 
     def iterate_passes(self, input_ids: torch.Tensor, passes: int, segment_ids: torch.Tensor | None = None,

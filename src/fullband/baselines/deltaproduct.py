@@ -45,6 +45,10 @@ class DeltaState:
         d = config.d_model // config.n_heads
         self.S = torch.zeros(config.n_layers, batch_size, config.n_heads, d, d, device=device, dtype=dtype)
 
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or reorder) batch rows by index: the decode engine drops finished rows."""
+        self.S = self.S.index_select(1, index)
+
 
 # Tokens per chunk of the chunkwise form: within a chunk the recurrence is one triangular solve over its
 # chunk x householder_steps sub-steps, between chunks the state is carried. 32 covers the state-tracking preset's

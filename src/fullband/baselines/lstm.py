@@ -17,7 +17,7 @@ from fullband.baselines.base import BaselineConfig, RecurrentLM
 from fullband.model import segment_positions
 
 
-class RecurrentState:
+class LSTMState:
     """The LSTM's cache: the (h, c) state of every layer for each row, (n_layers, B, d_model) each. Unlike a
     KV cache it does not grow with the context."""
 
@@ -25,6 +25,10 @@ class RecurrentState:
         shape = (config.n_layers, batch_size, config.d_model)
         self.h = torch.zeros(shape, device=device, dtype=dtype)
         self.c = torch.zeros(shape, device=device, dtype=dtype)
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or reorder) batch rows by index: the decode engine drops finished rows."""
+        self.h, self.c = self.h.index_select(1, index), self.c.index_select(1, index)
 
 
 class LSTMLM(RecurrentLM):
@@ -40,11 +44,11 @@ class LSTMLM(RecurrentLM):
             if module is not None:
                 nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
 
-    def new_cache(self, batch_size: int, max_len: int) -> RecurrentState:
+    def new_cache(self, batch_size: int, max_len: int) -> LSTMState:
         """An empty state for ``batch_size`` rows; its size does not depend on ``max_len``."""
-        return RecurrentState(self.config, batch_size, self.device, self.embed.weight.dtype)
+        return LSTMState(self.config, batch_size, self.device, self.embed.weight.dtype)
 
-    def mix(self, x: torch.Tensor, state: RecurrentState | None, write: torch.Tensor | None,
+    def mix(self, x: torch.Tensor, state: LSTMState | None, write: torch.Tensor | None,
             segment_ids: torch.Tensor | None) -> torch.Tensor:
         if segment_ids is not None:
             return self._run_documents(x, segment_ids)
@@ -68,7 +72,7 @@ class LSTMLM(RecurrentLM):
         out, _ = self.lstm(docs)
         return out[document, position].reshape(B, T, D)
 
-    def _run_left_padded(self, x: torch.Tensor, mask: torch.Tensor, state: RecurrentState | None) -> torch.Tensor:
+    def _run_left_padded(self, x: torch.Tensor, mask: torch.Tensor, state: LSTMState | None) -> torch.Tensor:
         """Left-padded rows (``mask`` False on each row's leading padding): each row's real tokens run from the
         row's state, whose final value is that of its last real token; padding outputs are those of a zero
         input and are not read."""

@@ -26,6 +26,7 @@ from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import encode_prompt
+from fullband.sampling import SamplingParams
 from fullband.stop_strings import tokens_until_stop
 
 SAMPLES = "samples.jsonl"
@@ -118,7 +119,8 @@ def generate_batch(
     max_new_tokens: int,
     task: BenchTask,
     stop_ids: set[int],
-    **kwargs: Any,
+    sampling: SamplingParams,
+    decode: DecodeSettings,
 ) -> tuple[list[list[int]], list[int], list[bool | None]]:
     """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap).
 
@@ -128,7 +130,8 @@ def generate_batch(
 
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
-    stream = generate_stream(model, prompts, max_new_tokens, eos_token_id=eos, stats=stats, **kwargs)
+    stream = generate_stream(model, prompts, max_new_tokens, sampling=sampling, decode=decode, eos_token_id=eos,
+                             stats=stats)
     rows = tokens_until_stop(stream, len(prompts), eos, tokenizer.decode, [s for s in task.stop if len(s) > 1],
                              stop_ids)
     passes = stats.get("fused_passes", [0] * len(prompts))
@@ -193,7 +196,7 @@ def run_task(
                 seed = random.Random(f"{settings.seed}/{task.name}/{label}/{temperature}/{batch_no}").getrandbits(62)
                 tokens, passes, converged = generate_batch(
                     model, tokenizer, prompts, min(max_new, room), task, stop_ids,
-                    temperature=temperature, top_p=settings.top_p, seed=seed, decode=mode,
+                    SamplingParams(temperature=temperature, top_p=settings.top_p, seed=seed), mode,
                 )
                 completions = [task.cut(tokenizer.decode(t)) for t in tokens]
                 scores = task.score([p for _, _, p, _ in batch], completions)

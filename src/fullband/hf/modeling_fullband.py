@@ -313,7 +313,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             fused_tol=settings.fused_tol,
             fused_max_passes=settings.fused_max_passes,
         )
-        return out.logits, out.hidden, out.passes
+        return out.logits, out.hidden, out.fused_passes
 
     def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, settings: DecodeSettings):
         fb = self.model

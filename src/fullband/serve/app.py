@@ -41,9 +41,9 @@ from fullband.data import Tokenizer
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import AUTO, DecodeSettings, DecodeSettingsError
 from fullband.detokenize import StreamingDetokenizer
+from fullband.engine import Engine, Event, QueueFull, Sequence
 from fullband.loading import encode_prompt
-from fullband.sampling import LogitsAdjustments, RequestError, RequestLimits
-from fullband.serve.engine import Engine, Event, QueueFull, SamplingParams, Sequence
+from fullband.sampling import RequestError, RequestLimits, SamplingParams
 from fullband.stop_strings import first_stop
 
 PAGE = Path(__file__).parent / "static" / "chat.html"
@@ -265,11 +265,11 @@ class Served:
             raise APIError(404, f"the model {req.model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def sampling(self, req: _Request, max_tokens: int, logprobs: int | None, limits: RequestLimits,
-                 end_ids: Iterable[int]) -> tuple[SamplingParams, list[str]]:
-        """The engine's parameters of a request and its stop strings. What the engine checks itself (the
-        prompt, max_tokens, temperature, top_k, top_p, logprobs, token ids: ``fullband.sampling.check_request``,
-        within ``limits``) is refused when the request is submitted; the rest here."""
+    def sampling(self, req: _Request, max_tokens: int, logprobs: int | None,
+                 end_ids: Iterable[int]) -> tuple[SamplingParams, DecodeSettings, list[str]]:
+        """The request's ``SamplingParams`` and ``DecodeSettings`` (folded once, here) and its stop strings. What
+        the engine checks itself (``fullband.sampling.check_request``, within the endpoint's limits) is refused when
+        the request is submitted; the rest here."""
         if req.n < 1 or req.n > self.engine.max_batch:
             raise RequestError(f"n must be between 1 and the server's max batch {self.engine.max_batch}, got {req.n}",
                                "n")
@@ -280,17 +280,15 @@ class Served:
                                    f"set it to {accepted}", name)
         if req.seed is not None and not -SEED_LIMIT <= req.seed < SEED_LIMIT - req.n:
             raise RequestError(f"seed must be an integer in [-2**63, 2**63 - n), got {req.seed}", "seed")
-        adjustments = LogitsAdjustments.of(self.engine.model.config.vocab_size, None, req.logit_bias,
-                                           req.presence_penalty, req.frequency_penalty, req.repetition_penalty,
-                                           req.min_tokens)
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stop) > MAX_STOP_STRINGS or any(not s for s in stop):
             raise RequestError(f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", "stop")
-        params = SamplingParams(max_tokens=max_tokens, decode=self._decode_settings(req), temperature=req.temperature,
-                                top_k=req.top_k, top_p=req.top_p, adjustments=adjustments, seed=req.seed,
-                                logprobs=logprobs, limits=limits,
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                                seed=req.seed, logit_bias=req.logit_bias, presence_penalty=req.presence_penalty,
+                                frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
+                                min_tokens=req.min_tokens, logprobs=logprobs,
                                 stop_token_ids=tuple(dict.fromkeys([*end_ids, *(req.stop_token_ids or ())])))
-        return params, stop
+        return params, self._decode_settings(req), stop
 
     def _decode_settings(self, req: _Request) -> DecodeSettings:
         asked = {"decode_mode": req.decode_mode, "fused_passes": req.fused_passes, "fused_tol": req.fused_tol,
@@ -308,8 +306,8 @@ class Served:
                 from None
         return settings
 
-    def start(self, prompts: list[list[int]], params: SamplingParams, n: int,
-              stop: list[str]) -> tuple[list[Sequence], list[Choice], asyncio.Queue]:
+    def start(self, prompts: list[list[int]], params: SamplingParams, decode: DecodeSettings, limits: RequestLimits,
+              n: int, stop: list[str]) -> tuple[list[Sequence], list[Choice], asyncio.Queue]:
         """Queue n sequences per prompt; choice i*n + j is prompt i's j-th. Seed s gives choice j the seed s + j."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
@@ -319,10 +317,10 @@ class Served:
                 index = i * n + j
                 seed = None if params.seed is None else params.seed + j
                 sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
-                sequences.append(Sequence(prompt, replace(params, seed=seed), sink))
+                sequences.append(Sequence(prompt, replace(params, seed=seed), sink, decode))
                 choices.append(Choice(self.tokenizer, stop))
         try:
-            self.engine.submit(sequences)
+            self.engine.submit(sequences, limits)
         except QueueFull as exc:
             raise APIError(429, str(exc), "rate_limit_error", code="queue_full", headers={"Retry-After": "1"}) from exc
         return sequences, choices, queue
@@ -431,10 +429,12 @@ class ChatAnswer(Answer):
         return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]} for t, lp, top in entries]}
 
 
-async def answer(served: Served, request: Request, req: _Request, prompts: list[list[int]], params: SamplingParams,
-                 stop: list[str], shape: Answer):
-    """Generate the request's choices and answer with them: as server-sent events when it streams, else whole."""
-    sequences, choices, queue = served.start(prompts, params, req.n, stop)
+async def answer(served: Served, request: Request, req: _Request, prompts: list[list[int]],
+                 asked: tuple[SamplingParams, DecodeSettings, list[str]], limits: RequestLimits, shape: Answer):
+    """Generate the request's choices and answer with them: as server-sent events when it streams, else whole.
+    ``asked``: ``Served.sampling``'s answer; ``limits``: the endpoint's ranges."""
+    params, decode, stop = asked
+    sequences, choices, queue = served.start(prompts, params, decode, limits, req.n, stop)
     head = {"id": f"{shape.prefix}-{uuid.uuid4().hex}", "object": shape.object, "created": int(time.time()),
             "model": served.model_name}
 
@@ -508,9 +508,10 @@ async def completions(req: CompletionRequest, request: Request, served: ServedBy
     served.check_model(req)
     ends = () if req.ignore_eos else (served.tokenizer.eos_id,)
     max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
-    params, stop = served.sampling(req, max_tokens, req.logprobs, COMPLETION_LIMITS, ends)
+    asked = served.sampling(req, max_tokens, req.logprobs, ends)
     prompts = _prompts(req.prompt, served.tokenizer)
-    return await answer(served, request, req, prompts, params, stop, CompletionAnswer(served, req.logprobs is not None))
+    return await answer(served, request, req, prompts, asked, COMPLETION_LIMITS,
+                        CompletionAnswer(served, req.logprobs is not None))
 
 
 @router.post("/v1/chat/completions")
@@ -533,8 +534,8 @@ async def chat(req: ChatRequest, request: Request, served: ServedBy):
         max_tokens = max(1, served.max_seq_len - len(prompt))
     ends = [*end_of_turn_ids(served.tokenizer), served.tokenizer.eos_id]
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params, stop = served.sampling(req, max_tokens, logprobs, CHAT_LIMITS, ends)
-    return await answer(served, request, req, [prompt], params, stop, ChatAnswer(served, req.logprobs))
+    asked = served.sampling(req, max_tokens, logprobs, ends)
+    return await answer(served, request, req, [prompt], asked, CHAT_LIMITS, ChatAnswer(served, req.logprobs))
 
 
 # ---- errors: OpenAI-style bodies -------------------------------------------------------------------------------

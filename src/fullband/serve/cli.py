@@ -8,9 +8,9 @@ from pathlib import Path
 from fullband.architectures import refuse_arch
 from fullband.cli_options import add_decode_options, decode_overrides
 from fullband.decoding import DecodeSettings
+from fullband.engine import Engine
 from fullband.errors import FullbandError
 from fullband.loading import load_model
-from fullband.serve.engine import Engine
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
     refuse_arch(model, "fullband serve")  # its batching engine shares one transformer KV cache between requests
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     name = args.model_name or Path(args.model).resolve().name
-    engine = Engine(model, max_batch=args.max_batch, max_queue=args.max_queue)
+    engine = Engine(model.eval(), max_batch=args.max_batch, max_queue=args.max_queue)
     app = create_app(engine, tokenizer, name, decode)
     print(f"serving {name!r} ({model.num_parameters():,} parameters, context {model.config.max_seq_len}, "
           f"{model.device}, decoding {decode.describe()} unless a request says otherwise) on "

@@ -26,6 +26,7 @@ from fullband.storage import (
     DCP_DIR,
     MANIFEST,
     PREFIX,
+    RunDir,
     checkpoint_format,
     list_checkpoints,
     sha256_of,
@@ -52,7 +53,7 @@ def write_checkpoint(
     keep: int,
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones."""
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
     _write_model_dir(tmp, model_state, model_config, decode, tokenizer_dir)
@@ -84,7 +85,7 @@ def write_dcp_checkpoint(
     rank computed of its own shards) and renames it into place once every rank has written."""
     distributed = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
-    root = run_dir / "checkpoints"
+    root = RunDir(run_dir).checkpoints
     final = root / f"{PREFIX}{step:08d}"
     tmp = root / f".tmp-{PREFIX}{step:08d}"
     if rank == 0:

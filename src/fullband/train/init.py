@@ -6,25 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import yaml
 
 from fullband.errors import ConfigError
+from fullband.loading import trained_with_feedback
 
 INIT_FUSION_CHOICES = ("auto", "keep", "reset")
-
-
-def source_trained_feedback(model_dir: Path) -> bool:
-    """Whether the model in ``model_dir`` was trained with feedback: its run's config (beside the checkpoint,
-    RUN/checkpoints/step_N/model) has a pass schedule other than "standard". A model directory without a
-    run (a conversion from Hugging Face, a save_pretrained copy) counts as not trained with feedback."""
-    config = model_dir.parent.parent.parent / "config.yaml"
-    if model_dir.name != "model" or not config.is_file():
-        return False
-    try:
-        schedule = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("schedule", "paper")
-    except (yaml.YAMLError, AttributeError):
-        return False
-    return schedule != "standard"
 
 
 def keeps_fusion(choice: str, model_dir: Path) -> bool:
@@ -33,7 +19,7 @@ def keeps_fusion(choice: str, model_dir: Path) -> bool:
     keep them if the source was trained with feedback."""
     if choice not in INIT_FUSION_CHOICES:
         raise ConfigError(f"train.init_fusion={choice!r}: allowed values are {', '.join(INIT_FUSION_CHOICES)}")
-    return choice == "keep" or (choice == "auto" and source_trained_feedback(model_dir))
+    return choice == "keep" or (choice == "auto" and trained_with_feedback(model_dir))
 
 
 def grow_vocabulary(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:

@@ -20,6 +20,27 @@ from fullband.model import FullBandLM, plain_positions
 from fullband.schedule import PASS_LOSSES
 
 
+@dataclass(frozen=True)
+class LossOptions:
+    """How a training step's loss is formed from its passes: the train section's fields, read once by the trainer
+    (``LossOptions.of``) and passed whole to the objective."""
+
+    sequential: bool = False  # the exact recurrence token by token (train.exact_mode sequential): one pass
+    pass_loss: str = "paper"  # which passes' losses are trained (``pass_weight``)
+    later_pass_weight: float = 1.0  # λ of Eq. 12
+    prefix_mixin: float = 0.0  # the share of each row that may stay plain in later passes
+    detach: bool = False  # fed-back states carry no gradient into the pass that produced them
+    grad_passes: int | None = None  # only the last g passes build a graph
+    backward_scale: float | None = None  # with detach: backpropagate each pass right after it (one pass in memory)
+
+    @classmethod
+    def of(cls, train: Any, sequential: bool, per_pass_backward: bool) -> LossOptions:
+        """The options of a ``TrainConfig``; ``per_pass_backward``: backpropagate detached passes one at a time."""
+        return cls(sequential=sequential, pass_loss=train.pass_loss, later_pass_weight=train.later_pass_weight,
+                   prefix_mixin=train.prefix_mixin, detach=train.detach_passes, grad_passes=train.grad_passes or None,
+                   backward_scale=1.0 if per_pass_backward and train.detach_passes else None)
+
+
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor  # the sum of the passes' weighted terms (+ z-loss); detached after a per-pass backward
@@ -48,13 +69,20 @@ def multipass_loss(
     backward_scale: float | None = None,
     detach: bool = False,
     label_count: torch.Tensor | None = None,
-    **recurrence: Any,
+    plain_mask: torch.Tensor | None = None,
+    bos_token_id: int | None = None,
+    jitter: float | None = None,
+    prefix_mixin: float = 0.0,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    segment_ids: torch.Tensor | None = None,
+    grad_passes: int | None = None,
 ) -> ObjectiveOutput:
     """The loss of ``passes`` passes of ``model`` over ``input_ids`` against ``labels`` (B, T).
 
-    ``recurrence``: the other arguments of ``FullBandLM.iterate_passes`` (plain_mask, prefix_mixin, jitter,
-    generator, segment_ids, grad_passes, ...). Each pass's next-token loss is the mean cross-entropy over the
-    labels that are not ``ignore_index``, in float32 at least; a batch with no such label contributes 0, not NaN.
+    ``plain_mask``, ``bos_token_id``, ``jitter``, ``prefix_mixin``, ``generator``, ``segment_ids``, ``grad_passes``
+    and ``detach`` shape the passes as in ``FullBandLM.iterate_passes``. Each pass's next-token loss is the mean
+    cross-entropy over the labels that are not ``ignore_index``, in float32 at least; a batch with no such label
+    contributes 0, not NaN.
     ``pass_loss`` and ``later_pass_weight`` (λ) weight the passes (``pass_weight``); a pass of weight 0 is
     reported, not backpropagated. ``z_loss`` adds z_loss·mean(logsumexp²) over the valid labels, averaged
     over the passes. ``backward_scale`` (needs ``detach``): backpropagate ``backward_scale`` × each pass's
@@ -69,7 +97,10 @@ def multipass_loss(
     if backward_scale is not None and not detach:
         raise ValueError("backward_scale needs detach=True (without detach, passes share one graph)")
     terms, pass_losses = [], []
-    for k, step in enumerate(model.iterate_passes(input_ids, passes, detach=detach, **recurrence)):
+    steps = model.iterate_passes(input_ids, passes, plain_mask=plain_mask, bos_token_id=bos_token_id, jitter=jitter,
+                                 prefix_mixin=prefix_mixin, detach=detach, generator=generator,
+                                 segment_ids=segment_ids, grad_passes=grad_passes)
+    for k, step in enumerate(steps):
         weight = pass_weight(k, passes, pass_loss, later_pass_weight)
         term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index, label_count)
         if backward_scale is not None and term.requires_grad:
@@ -131,16 +162,31 @@ def sequential_loss(
 
 
 class MultipassObjective(nn.Module):
-    """``multipass_loss`` (or with ``sequential``, ``sequential_loss``) as a module's ``forward``, so that DDP
-    sees the loss (DDP hooks ``__call__``) and FSDP's hooks run around each pass of the wrapped model."""
+    """``multipass_loss`` (or with ``options.sequential``, ``sequential_loss``) as a module's ``forward``, so that
+    DDP sees the loss (DDP hooks ``__call__``) and FSDP's hooks run around each pass of the wrapped model."""
 
-    def __init__(self, model: FullBandLM):
+    def __init__(self, model: FullBandLM, options: LossOptions = LossOptions()):
         super().__init__()
-        self.model = model
+        self.model, self.options = model, options
 
     def forward(
-        self, input_ids: torch.Tensor, labels: torch.Tensor, passes: int, sequential: bool = False, **kwargs: Any
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        passes: int,
+        plain_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        z_loss: float = 0.0,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        label_count: torch.Tensor | None = None,
     ) -> ObjectiveOutput:
-        if sequential:  # the exact recurrence token by token: no passes (kwargs: those of sequential_loss)
-            return sequential_loss(self.model, input_ids, labels, **kwargs)
-        return multipass_loss(self.model, input_ids, labels, passes, **kwargs)
+        o = self.options
+        if o.sequential:
+            # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
+            return sequential_loss(self.model, input_ids, labels, z_loss=z_loss, plain_mask=plain_mask,
+                                   segment_ids=segment_ids, prefix_mixin=o.prefix_mixin if passes > 1 else 0.0,
+                                   generator=generator, label_count=label_count)
+        return multipass_loss(self.model, input_ids, labels, passes, later_pass_weight=o.later_pass_weight,
+                              pass_loss=o.pass_loss, z_loss=z_loss, backward_scale=o.backward_scale, detach=o.detach,
+                              label_count=label_count, plain_mask=plain_mask, prefix_mixin=o.prefix_mixin,
+                              generator=generator, segment_ids=segment_ids, grad_passes=o.grad_passes)

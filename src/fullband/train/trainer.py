@@ -46,6 +46,7 @@ from fullband.schedule import PassSchedule
 from fullband.storage import (
     DCP_DIR,
     MODEL_KEY,
+    RunDir,
     checkpoint_format,
     latest_valid_checkpoint,
     list_checkpoints,
@@ -58,7 +59,7 @@ from fullband.storage import (
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
 from fullband.train.checkpoint import read_checkpoint, write_best, write_checkpoint, write_dcp_checkpoint
 from fullband.train.init import grow_vocabulary, keeps_fusion
-from fullband.train.objective import MultipassObjective
+from fullband.train.objective import LossOptions, MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
 from fullband.train.tracking import RunLog
@@ -293,7 +294,7 @@ class Trainer:
             except ValueError as exc:
                 raise ConfigError(f"train.compile_recurrence={self.train_cfg.compile_recurrence} cannot run this "
                                   f"model's token steps ({exc}): set train.compile_recurrence 0") from None
-        objective: nn.Module = MultipassObjective(model)
+        objective: nn.Module = MultipassObjective(model, self.loss_options)
         if self.world_size > 1:
             if self.train_cfg.parallel == "fsdp":
                 from torch.distributed.fsdp import fully_shard
@@ -421,6 +422,9 @@ class Trainer:
         self.schedule = PassSchedule.parse(t.schedule)
         # train.exact_mode applies to the exact schedule only (other schedules have no exact pass)
         self.sequential = self.schedule.exact and t.exact_mode == "sequential"
+        # Detached passes are backpropagated one at a time (memory of one pass, not K). DDP and FSDP
+        # synchronise gradients once per backward, so distributed runs keep one backward per micro-batch.
+        self.loss_options = LossOptions.of(t, self.sequential, per_pass_backward=self.world_size == 1)
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
@@ -438,9 +442,6 @@ class Trainer:
         self._check_cut_documents(split, t.seq_len)
         curriculum_steps = round(t.length_curriculum * self.total_steps)
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
-        # Detached passes are backpropagated one at a time (memory of one pass, not K). DDP and FSDP
-        # synchronise gradients once per backward, so distributed runs keep one backward per micro-batch.
-        self.per_pass_backward = 1.0 if t.detach_passes and self.world_size == 1 else None
         self.autocast = self._autocast()
         self.state = TrainState()
         if self.resume:
@@ -569,23 +570,14 @@ class Trainer:
         they fall on micro-batches and ranks. DDP synchronises gradients only when ``sync`` (the step's last
         micro-batch). Returns [loss, pass 1 loss, ..., pass K loss] (sequential exact mode: [loss, the exact
         recurrence's loss]), detached, float64."""
-        t = self.train_cfg
-        common = dict(input_ids=batch.input_ids, labels=batch.targets, passes=passes, plain_mask=batch.plain_mask,
-                      segment_ids=batch.segment_ids, z_loss=z_loss, generator=generators, label_count=label_count)
-        if self.sequential:
-            # The plain positions of the K-pass Jacobi step it replaces: a K >= 2 step draws the mixin prefix.
-            options = dict(sequential=True, prefix_mixin=t.prefix_mixin if passes > 1 else 0.0)
-        else:
-            options = dict(prefix_mixin=t.prefix_mixin, detach=t.detach_passes, later_pass_weight=t.later_pass_weight,
-                           pass_loss=t.pass_loss, backward_scale=self.per_pass_backward,
-                           grad_passes=t.grad_passes or None)
         no_sync = not sync and hasattr(self.objective, "no_sync")
         with self.objective.no_sync() if no_sync else contextlib.nullcontext():
             with self.autocast:
-                out = self.objective(**common, **options)
+                out = self.objective(batch.input_ids, batch.targets, passes, batch.plain_mask, batch.segment_ids,
+                                     z_loss, generators, label_count)
             loss, pass_losses = out.loss, out.pass_losses
             del out  # hold no pass's outputs through the backward
-            if self.per_pass_backward is None:
+            if self.loss_options.backward_scale is None:
                 (loss * self.world_size).backward()
         return torch.stack([v.detach().double() for v in (loss, *pass_losses)])
 
@@ -645,7 +637,7 @@ class Trainer:
         """
         t = self.train_cfg
         total_steps = max(1, math.ceil(t.tokens / (t.batch_size * t.grad_accum * t.seq_len)))
-        checkpoint = self.out_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{total_steps:08d}"
+        checkpoint = RunDir(self.out_dir).checkpoints / f"{CHECKPOINT_PREFIX}{total_steps:08d}"
         evals = self.out_dir / "eval.jsonl"
         if not checkpoint.is_dir() or not evals.is_file():
             return None

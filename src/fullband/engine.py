@@ -1,19 +1,22 @@
-"""Continuous batching for the server: one scheduler owns the model and steps every active sequence together.
+"""The one decode loop: a batch of sequences stepped together, each prefilled, its logits adjusted, its token chosen
+(or given, when scoring), its top state fed back. ``generate`` and scoring (``fullband.generation``) run it over a
+fixed batch; the server runs it with continuous batching, requests joining and leaving the running batch.
 
-Layout (no change to the model is needed): all rows of the running batch share one KV-cache write
-position, like ``generate``'s left padding. Joining requests are prefilled apart from the running batch
-(``model.prefill``: plain, or plain plus n fused passes; those that need the same passes together,
-left-padded), and each one's keys and values are copied into the batch cache right-aligned at the current
-write position (``KVCache.join``); the columns before them are masked for that row, and its RoPE positions
-continue from its own length. Each row therefore sees
-exactly its own tokens, contiguous and ending at the query, so sliding windows stay exact too.
-Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state:
-all three modes share one batch. Finished or cancelled rows leave at once; columns that have become
-padding for every row are dropped (compaction) when the write position reaches the end of the cache.
+Layout (no change to the model is needed): all rows of the running batch share one KV-cache write position, as
+left padding does. Joining sequences are prefilled apart from the running batch (``model.prefill``: plain, or
+plain plus fused passes; those that need the same prefill together, left-padded), and each one's keys and values
+are copied into the batch cache right-aligned at the current write position (``KVCache.join``); the columns before
+them are masked for that row, and its RoPE positions continue from its own length. Each row therefore sees exactly
+its own tokens, contiguous and ending at the query, so sliding windows stay exact too. The first sequences of an
+empty batch keep their prefill cache, sized for their whole generation, so a fixed batch copies nothing.
+Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state: all three
+modes share one batch. Finished or cancelled rows leave at once; columns that have become padding for every row are
+dropped (compaction) when the write position reaches the end of the cache.
 
-Sampling is per row with the row's own ``torch.Generator``, so a seeded request gives the same tokens
-whatever it is batched with (up to floating-point differences in the logits between batch shapes). Each row's
-logits are first adjusted by its own sampling fields (``fullband.sampling.BatchAdjuster``, as in ``generate``).
+A request is one ``SamplingParams`` (``fullband.sampling``) and one ``DecodeSettings``. Each row's logits are
+adjusted by its own sampling fields (``BatchAdjuster``) and its token drawn with its own ``torch.Generator``, so a
+seeded row gives the same tokens whatever it is batched with (up to floating-point differences in the logits
+between batch shapes).
 """
 
 from __future__ import annotations
@@ -21,46 +24,75 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections import deque
+from collections import abc, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from fullband.architectures import LanguageModel
 from fullband.decoding import DecodeSettings
-from fullband.generation import left_pad, sample_next
 from fullband.kv_cache import KVCache
-from fullband.model import FullBandLM
-from fullband.sampling import BatchAdjuster, LogitsAdjustments, RequestLimits, check_request
+from fullband.sampling import (
+    BatchAdjuster,
+    LogitsAdjustments,
+    RequestLimits,
+    SamplingParams,
+    check_request,
+    sample_rows,
+)
+
+
+def left_pad(
+    input_ids: torch.Tensor | abc.Sequence[abc.Sequence[int]],
+    attention_mask: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask.
+
+    Accepts a 1-D or 2-D tensor (with an optional attention mask, padded on either side) or a list of
+    token-id lists of any lengths.
+    """
+    if isinstance(input_ids, torch.Tensor):
+        ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        if ids.dim() != 2:
+            raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(input_ids.shape)}")
+        if attention_mask is None:
+            rows = [row.tolist() for row in ids]
+        else:
+            if attention_mask.shape != ids.shape:
+                raise ValueError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(ids.shape)}"
+                )
+            rows = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
+        device = ids.device
+    else:
+        rows = [list(r) for r in input_ids]
+        device = None
+    if not rows:
+        raise ValueError("generate() needs at least one prompt")
+    for i, row in enumerate(rows):
+        if len(row) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - len(row) :] = True
+    return ids.to(device), mask.to(device)
+
 
 log = logging.getLogger("fullband.serve")
 
 # Padded prompt positions per prefill call: joining prompts are prefilled together up to this size (the
 # attention mask of a call grows with its square).
 PREFILL_TOKENS = 8192
+NO_LIMITS = RequestLimits()  # a door that allows no more than the model's own limits
 
 
 class QueueFull(RuntimeError):
     """The server already holds ``max_batch`` running and ``max_queue`` waiting sequences."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    decode: DecodeSettings = DecodeSettings()  # checked when built; the engine adds no limits of its own
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int | None = None
-    top_p: float | None = None
-    adjustments: LogitsAdjustments = LogitsAdjustments()  # logit_bias, penalties, min_tokens: checked when built
-    seed: int | None = None
-    logprobs: int | None = None  # None: no log-probabilities; k >= 0: the chosen token's and the top k
-    # End the sequence (finish_reason "stop"; not part of the text); masked until adjustments.min_tokens.
-    stop_token_ids: tuple[int, ...] = ()
-    limits: RequestLimits = RequestLimits()  # what the door that built these allows (the server's API limits)
-
-    def __post_init__(self) -> None:
-        if self.top_k in self.limits.top_k_every:
-            object.__setattr__(self, "top_k", None)
 
 
 @dataclass
@@ -74,6 +106,7 @@ class Event:
     finish_reason: str | None = None
     is_stop_token: bool = False
     error: str | None = None
+    greedy: bool | None = None  # with logprobs: whether the token was the most likely one
 
 
 _ids = itertools.count()
@@ -81,26 +114,35 @@ _ids = itertools.count()
 
 @dataclass(eq=False)
 class Sequence:
-    """One sequence to generate; ``sink`` receives its events on the scheduler thread."""
+    """One sequence to generate; ``sink`` receives its events on the scheduler thread. ``forced``: the tokens to
+    emit instead of sampling (scoring a given continuation: each event then carries its log-probability)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     sink: Callable[[Event], None]
+    decode: DecodeSettings = DecodeSettings()
+    forced: list[int] | None = None
     id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
     cancelled: bool = False
     finished: bool = False
     generator: torch.Generator | None = None
+    adjustments: LogitsAdjustments = LogitsAdjustments()  # params' sampling fields, checked when submitted
+    prefill_passes: int = 0  # the fused passes its prefill ran (fused:exact: the Jacobi passes it stands for)
+    prefill_converged: bool | None = None  # fused:auto: whether its states met fused_tol before the cap
 
 
 class Engine:
-    """The scheduler. ``start()`` runs it on a background thread; ``step()`` runs one iteration (tests)."""
+    """The scheduler. ``start()`` runs it on a background thread (the server); ``step()`` runs one iteration
+    (``generate`` and scoring call it until their sequences finish). ``prefill_tokens``: padded positions per prefill
+    call (None: every joining sequence with the same prefill in one call, as a fixed batch needs)."""
 
-    def __init__(self, model: FullBandLM, max_batch: int = 16, max_queue: int = 256):
+    def __init__(self, model: LanguageModel, max_batch: int = 16, max_queue: int = 256,
+                 prefill_tokens: int | None = PREFILL_TOKENS):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
-        self.model = model.eval()
-        self.max_batch, self.max_queue = max_batch, max_queue
+        self.model = model
+        self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self.device = model.device
         self.dtype = model.embed.weight.dtype
         self._cond = threading.Condition()
@@ -118,13 +160,13 @@ class Engine:
 
     # ---- interface (any thread) -----------------------------------------------------------------
 
-    def submit(self, sequences: list[Sequence]) -> None:
+    def submit(self, sequences: list[Sequence], limits: RequestLimits | None = NO_LIMITS) -> None:
         """Queue sequences (all or none); raise RequestError (``fullband.sampling``, naming the parameter) for one
-        that cannot be served, QueueFull when there is no room for all of them."""
+        that cannot be served within the door's ``limits`` (None: the door has checked them), QueueFull when there
+        is no room for all of them."""
         for seq in sequences:
-            p = seq.params
-            check_request(self.model.config, [seq.prompt_ids], p.max_tokens, p.temperature, p.top_k, p.top_p,
-                          p.adjustments, p.stop_token_ids, p.logprobs, p.limits)
+            if limits is not None:
+                seq.adjustments = check_request(self.model.config, [seq.prompt_ids], seq.params, limits)
         with self._cond:
             free = self.max_batch + self.max_queue - len(self._rows) - len(self._waiting)
             if len(sequences) > free:
@@ -211,10 +253,11 @@ class Engine:
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         groups: dict[tuple[int | str, float, int], list[list[Sequence]]] = {}
         for seq in joining:
-            decode = seq.params.decode
+            decode = seq.decode
             chunks = groups.setdefault((decode.prefill_passes, decode.fused_tol, decode.fused_max_passes), [[]])
             longest = max([len(seq.prompt_ids), *(len(s.prompt_ids) for s in chunks[-1])])
-            if chunks[-1] and (len(chunks[-1]) + 1) * longest > PREFILL_TOKENS:
+            limit = self.prefill_tokens
+            if chunks[-1] and limit is not None and (len(chunks[-1]) + 1) * longest > limit:
                 chunks.append([])
             chunks[-1].append(seq)
         for prefill, chunks in groups.items():
@@ -230,35 +273,40 @@ class Engine:
     def _prefill_and_join(self, group: list[Sequence], passes: int | str, tol: float, max_passes: int) -> None:
         ids, mask = left_pad([seq.prompt_ids for seq in group])
         ids, mask = ids.to(self.device), mask.to(self.device)
-        own = self.model.new_cache(len(group), ids.shape[1])
+        # The first sequences of an empty batch keep this cache as the batch's: room for their whole generation.
+        room = max(seq.params.max_tokens for seq in group) if self._cache is None else 0
+        own = self.model.new_cache(len(group), ids.shape[1] + room)
         out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
                                  logits_to_keep=1, fused_tol=tol, fused_max_passes=max_passes)
-        for seq in group:
+        for i, seq in enumerate(group):
             seq.generator = torch.Generator(device=self.device)
-            if seq.params.seed is None:
-                seq.generator.seed()
+            if seq.params.seed is None:  # from torch's global generator: torch.manual_seed makes a run repeatable
+                seq.generator.manual_seed(int(torch.randint(2**62, (1,))))
             else:
                 seq.generator.manual_seed(seq.params.seed)
-        adjuster = BatchAdjuster([seq.params.adjustments for seq in group], ids, mask,
+            seq.prefill_passes = int(out.fused_passes[i])
+            if out.converged is not None:
+                seq.prefill_converged = bool(out.converged[i])
+        adjuster = BatchAdjuster([seq.adjustments for seq in group], ids, mask,
                                  [seq.params.stop_token_ids for seq in group], self.model.config.vocab_size)
         self._join(group, own, out.logits[:, -1], out.hidden[:, -1:], adjuster)
 
     def _join(self, group: list[Sequence], prefilled: KVCache, logits: torch.Tensor, state: torch.Tensor,
               adjuster: BatchAdjuster) -> None:
         """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
-        standard = [seq.params.decode.mode == "standard" for seq in group]
+        standard = [seq.decode.mode == "standard" for seq in group]
         rows = dict(
             logits=logits,
             state=state,
             positions=torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device),
             plain=torch.tensor([[s] for s in standard], device=self.device),
         )
-        width = prefilled.length
         if self._cache is None:
-            self._cache = self.model.new_cache(0, 2 * width)
-        cache = self._cache
-        # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
-        cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)
+            self._cache = prefilled
+        else:
+            cache, width = self._cache, prefilled.length
+            # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
+            cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)
         for name, value in rows.items():
             current = getattr(self, f"_{name}")
             setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
@@ -275,7 +323,7 @@ class Engine:
         columns that are padding for every row; grow when that leaves less than half the cache free, so a
         compaction (a copy of the cache) happens at most once per as many steps as the cache holds rows."""
         cache = self._cache
-        if cache.length < cache.max_len:
+        if not isinstance(cache, KVCache) or cache.length < cache.max_len:  # a recurrent state never fills
             return
         cache.compact()
         if 2 * cache.length >= cache.max_len:
@@ -284,21 +332,22 @@ class Engine:
 
     def _sample(self) -> torch.Tensor:
         logits = self._adjuster.adjust(self._logits)
-        tokens = logits.argmax(dim=-1)
-        for i, seq in enumerate(self._rows):
-            p = seq.params
-            if p.temperature > 0:
-                tokens[i] = sample_next(logits[i : i + 1], p.temperature, p.top_k, p.top_p, seq.generator)[0]
+        tokens = sample_rows(logits, [seq.params for seq in self._rows], [seq.generator for seq in self._rows])
+        forced = [(i, seq.forced[seq.generated]) for i, seq in enumerate(self._rows) if seq.forced is not None]
+        if forced:
+            rows, given = zip(*forced)
+            tokens[list(rows)] = torch.tensor(given, device=tokens.device)
         return tokens
 
     def _emit(self, tokens: torch.Tensor) -> list[int]:
         """Send each row its token; return the indices of the rows that continue."""
         token_list = tokens.tolist()
         want_logprobs = [i for i, s in enumerate(self._rows) if s.params.logprobs is not None]
-        logprobs = None
+        logprobs = greedy = None
         if want_logprobs:
             chosen = self._logits[want_logprobs]
             logprobs = chosen.to(torch.promote_types(chosen.dtype, torch.float32)).log_softmax(dim=-1)
+            greedy = chosen.argmax(dim=-1).tolist()
         keep = []
         for i, (seq, token) in enumerate(zip(self._rows, token_list)):
             if seq.cancelled:
@@ -308,8 +357,9 @@ class Engine:
             self.counters["generated_tokens"] += 1
             event = Event(token=token)
             if seq.params.logprobs is not None:
-                row = logprobs[want_logprobs.index(i)]
-                event.logprob = float(row[token])
+                at = want_logprobs.index(i)
+                row = logprobs[at]
+                event.logprob, event.greedy = float(row[token]), greedy[at] == token
                 if seq.params.logprobs > 0:
                     top = row.topk(seq.params.logprobs)
                     event.top_logprobs = list(zip(top.indices.tolist(), top.values.tolist()))
@@ -331,7 +381,7 @@ class Engine:
 
     def _remove_rows(self, keep: list[int]) -> None:
         removed = [s for i, s in enumerate(self._rows) if i not in set(keep)]
-        self._n_standard -= sum(s.params.decode.mode == "standard" for s in removed)
+        self._n_standard -= sum(s.decode.mode == "standard" for s in removed)
         self._rows = [self._rows[i] for i in keep]
         if not keep:
             self._cache = self._adjuster = None
