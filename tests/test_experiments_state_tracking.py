@@ -12,7 +12,7 @@ import torch
 from experiments.state_tracking import flipflop_window, table
 from experiments.state_tracking import tasks as core
 from experiments.state_tracking.state_drift import Novelty, per_move_curves
-from experiments.stats import fmt, interval, t975
+from experiments.stats import fmt, interval, t975, wilson
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import state_tracking_task, synthetic_examples
 
@@ -54,6 +54,15 @@ def test_t_interval_is_wider_than_one_standard_deviation_for_three_seeds():
     assert fmt([0.5]) == "0.500 (1 seed)" and fmt([1.0, 1.0], "+.2f") == "+1.00 [+1.00, +1.00]"
     with pytest.raises(ValueError, match="at least 2"):
         interval([1.0])
+
+
+def test_wilson_interval_gives_rows_that_all_agree_a_width():
+    low, high = wilson(600, 600)  # 3 seeds x 200 rows, all right: the t interval over seeds has zero width
+    assert high == pytest.approx(1.0) and round(low, 4) == 0.9936 and low == pytest.approx(600 / (600 + 1.959964**2))
+    assert [round(x, 4) for x in wilson(5, 10)] == [0.2366, 0.7634]
+    assert wilson(0, 10)[0] == 0.0 and round(wilson(0, 10)[1], 4) == 0.2775
+    with pytest.raises(ValueError, match="Wilson"):
+        wilson(3, 2)
 
 
 def record(task: str, seed: int, fused: dict[str, str], standard: str | dict[str, str] = "0000") -> dict:
