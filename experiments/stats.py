@@ -39,3 +39,17 @@ def fmt(values: list[float], spec: str = ".3f") -> str:
         return f"{format(values[0], spec)} (1 seed)"
     mean, half = interval(values)
     return f"{format(mean, spec)} [{format(mean - half, spec)}, {format(mean + half, spec)}]"
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval (low, high) of a proportion: `successes` of `n` graded rows.
+
+    Where every seed of a sweep scores the same (e.g. 1.000), the t interval over seeds has zero width; the rows
+    themselves still carry binomial uncertainty, which this interval over the pooled rows gives. It treats the rows
+    as independent draws, so it says nothing about the spread between seeds: report it beside the t interval."""
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"a Wilson interval needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

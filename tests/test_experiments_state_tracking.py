@@ -12,7 +12,7 @@ import torch
 from experiments.state_tracking import flipflop_window, table
 from experiments.state_tracking import tasks as core
 from experiments.state_tracking.state_drift import Novelty, per_move_curves
-from experiments.stats import fmt, interval, t975
+from experiments.stats import fmt, interval, t975, wilson
 from fullband.data import ByteTokenizer
 from fullband.data.synthetic import state_tracking_task, synthetic_examples
 
@@ -54,6 +54,15 @@ def test_t_interval_is_wider_than_one_standard_deviation_for_three_seeds():
     assert fmt([0.5]) == "0.500 (1 seed)" and fmt([1.0, 1.0], "+.2f") == "+1.00 [+1.00, +1.00]"
     with pytest.raises(ValueError, match="at least 2"):
         interval([1.0])
+
+
+def test_wilson_interval_gives_rows_that_all_agree_a_width():
+    low, high = wilson(600, 600)  # 3 seeds x 200 rows, all right: the t interval over seeds has zero width
+    assert high == pytest.approx(1.0) and round(low, 4) == 0.9936 and low == pytest.approx(600 / (600 + 1.959964**2))
+    assert [round(x, 4) for x in wilson(5, 10)] == [0.2366, 0.7634]
+    assert wilson(0, 10)[0] == 0.0 and round(wilson(0, 10)[1], 4) == 0.2775
+    with pytest.raises(ValueError, match="Wilson"):
+        wilson(3, 2)
 
 
 def record(task: str, seed: int, fused: dict[str, str], standard: str | dict[str, str] = "0000") -> dict:
@@ -190,3 +199,18 @@ def test_compare_tables_each_sweep_in_its_own_mode_and_pairs_the_first_with_the_
     assert "| LSTM (lstm, standard) | 2 | 0.00 M | 0.00 M | 3–3 |" in out  # tokens = compute: one pass
     assert f"| s5 | [0, 1] | {fmt([0.5, 0.5], '+.3f')} / {fmt([0.25, 0.5], '+.3f')} |" in out
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pooled_gives_the_seed_interval_and_the_wilson_interval_over_the_pooled_rows(tmp_path, capsys):
+    from experiments.state_tracking import pooled
+
+    runs = [record("s5", 0, {"4": "1111", "8": "1110"}), record("s5", 1, {"4": "1111", "8": "1111"}),
+            record("parity", 0, {"4": "0000", "8": "0000"})]
+    lines = pooled.pooled(runs, "s5")
+    assert [line["moves"] for line in lines] == [4, 8] and lines[0]["mode"] == "fused:auto"
+    assert lines[0]["t"] == "1.000 [1.000, 1.000]" and (lines[0]["correct"], lines[0]["rows"]) == (8, 8)
+    assert lines[0]["wilson"] == wilson(8, 8) and lines[0]["wilson"][0] < 1.0
+    assert lines[1]["accuracy"] == [0.75, 1.0] and (lines[1]["ge090"], lines[1]["ge099"]) == (1, 1)
+    (tmp_path / "sweep.json").write_text(json.dumps(runs))
+    pooled.main(["sweep", "--results", str(tmp_path)])
+    assert "| 8 | 0.750 1.000 | 0.875 [" in capsys.readouterr().out
