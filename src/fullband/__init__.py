@@ -4,6 +4,7 @@ from fullband.decoding import DecodeSettings
 from fullband.generation import generate, generate_stream, sequential_forward
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandConfig, FullBandLM, ModelOutput, MultipassOutput
+from fullband.sampling import SamplingParams
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,7 @@ __all__ = [
     "KVCache",
     "ModelOutput",
     "MultipassOutput",
+    "SamplingParams",
     "generate",
     "generate_stream",
     "sequential_forward",

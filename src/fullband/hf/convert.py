@@ -11,6 +11,7 @@ bias it does not model, a sliding-window layout it cannot express, ...) is refus
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -43,32 +44,6 @@ TOKENIZER_FILES = (
 )
 GENERATION_CONFIG = "generation_config.json"
 
-# The values transformers assumes when a config.json omits a key (per model class).
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"max_position_embeddings": 2048, "attention_bias": False, "mlp_bias": False},
-    "mistral": {"max_position_embeddings": 4096 * 32, "sliding_window": 4096},
-    "qwen2": {
-        "max_position_embeddings": 32768,
-        "use_sliding_window": False,
-        "sliding_window": 4096,
-        "max_window_layers": 28,
-    },
-    "qwen3": {
-        "max_position_embeddings": 32768,
-        "head_dim": 128,
-        "attention_bias": False,
-        "use_sliding_window": False,
-        "sliding_window": 4096,
-        "max_window_layers": 28,
-    },
-}
-_COMMON_DEFAULTS: dict[str, Any] = {
-    "hidden_act": "silu",
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-    "num_key_value_heads": None,
-    "head_dim": None,
-}
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -77,12 +52,20 @@ def _refuse(src: Path, message: str) -> ConfigError:
 
 
 def _get(cfg: dict[str, Any], key: str) -> Any:
+    """``key`` as transformers reads ``cfg``: its value, or the default of the model class (``AutoConfig``) where
+    config.json leaves it out."""
     if key in cfg:
         return cfg[key]
-    model_type = cfg.get("model_type")
-    if key in _DEFAULTS.get(model_type, {}):
-        return _DEFAULTS[model_type][key]
-    return _COMMON_DEFAULTS.get(key)
+    return getattr(_transformers_config(json.dumps(cfg, sort_keys=True)), key, None)
+
+
+@functools.lru_cache(maxsize=4)
+def _transformers_config(cfg_json: str) -> Any:
+    """The ``PretrainedConfig`` transformers builds from a config.json (cached: one build per checkpoint)."""
+    from transformers import AutoConfig
+
+    fields = json.loads(cfg_json)
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
 def _rope(src: Path, cfg: dict[str, Any], max_positions: int) -> tuple[float, dict[str, Any] | None]:
