@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--before-src", type=Path, required=True, help="the other source tree (a checkout's src)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/revisions_BENCHMARK.json)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the benchmark's own arguments")
-    args = p.parse_args(argv)
-    rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    argv = sys.argv[1:] if argv is None else argv
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, rest = p.parse_args(argv[:cut]), argv[cut + 1:]  # after "--": the benchmark's own arguments
     if not (args.before_src / "fullband" / "__init__.py").is_file():
         p.error(f"--before-src {args.before_src} holds no fullband package (give the tree's src directory)")
     trees = {"before": args.before_src.resolve(), "after": AFTER_SRC}

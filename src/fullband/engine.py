@@ -238,6 +238,8 @@ class Engine:
         self._forward(tokens)
 
     def _drop_cancelled_waiting(self) -> None:
+        if not self._waiting:  # the common step: nothing queued, no lock taken
+            return
         with self._cond:
             for seq in [s for s in self._waiting if s.cancelled]:
                 self._waiting.remove(seq)
@@ -248,6 +250,8 @@ class Engine:
         """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
         same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
         ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call."""
+        if not self._waiting:
+            return
         with self._cond:
             room = self.max_batch - len(self._rows)
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
@@ -343,10 +347,11 @@ class Engine:
         """Send each row its token; return the indices of the rows that continue."""
         token_list = tokens.tolist()
         want_logprobs = [i for i, s in enumerate(self._rows) if s.params.logprobs is not None]
-        logprobs = greedy = None
+        logprobs = picked = greedy = None
         if want_logprobs:
             chosen = self._logits[want_logprobs]
             logprobs = chosen.to(torch.promote_types(chosen.dtype, torch.float32)).log_softmax(dim=-1)
+            picked = logprobs.gather(1, tokens[want_logprobs].unsqueeze(1)).squeeze(1).tolist()
             greedy = chosen.argmax(dim=-1).tolist()
         keep = []
         for i, (seq, token) in enumerate(zip(self._rows, token_list)):
@@ -358,10 +363,9 @@ class Engine:
             event = Event(token=token)
             if seq.params.logprobs is not None:
                 at = want_logprobs.index(i)
-                row = logprobs[at]
-                event.logprob, event.greedy = float(row[token]), greedy[at] == token
+                event.logprob, event.greedy = picked[at], greedy[at] == token
                 if seq.params.logprobs > 0:
-                    top = row.topk(seq.params.logprobs)
+                    top = logprobs[at].topk(seq.params.logprobs)
                     event.top_logprobs = list(zip(top.indices.tolist(), top.values.tolist()))
             if token in seq.params.stop_token_ids:
                 event.finish_reason, event.is_stop_token = "stop", True

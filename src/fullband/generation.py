@@ -121,7 +121,7 @@ def generate_stream(
     events: list[list[Event]] = [[] for _ in rows]
     sequences = [EngineSequence(row, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i),
                                 events[i].append, settings) for i, row in enumerate(rows)]
-    tokens = torch.zeros(len(rows), dtype=torch.long)
+    tokens = [0] * len(rows)
     for step, _ in enumerate(run_engine(model, sequences, LIMITS)):
         if stats is not None and step == 0:  # the prefill is done
             stats.pop("fused_converged", None)
@@ -131,7 +131,7 @@ def generate_stream(
         for i, row_events in enumerate(events):
             if row_events:  # a finished row repeats the token it finished with
                 tokens[i] = row_events.pop().token
-        yield tokens.clone().to(model.device)
+        yield torch.tensor(tokens, device=model.device)
 
 
 def generate(

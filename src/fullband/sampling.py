@@ -397,6 +397,8 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
     uniform draw from its own ``generators[i]``, so a row's token never depends on the other rows. Rows that sample
     with the same temperature, top_k and top_p are filtered together."""
     tokens = logits.argmax(dim=-1)
+    if all(p.temperature == 0 for p in params):
+        return tokens
     groups: dict[tuple[float, int | None, float | None], list[int]] = {}
     for i, p in enumerate(params):
         if p.temperature > 0:
