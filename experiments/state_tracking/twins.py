@@ -1,0 +1,101 @@
+"""Twins: the same seed, data and rows trained twice by runs that differ only in rounding (the preset's token steps
+compiled, sweep ``compiled_s5``, and uncompiled, ``preset_fresh``), graded on the validation rows. Per length: each
+twin's accuracy over the seeds (95% t interval), the paired difference, how many pairs agree within 0.05, and the
+share of runs at >= 0.99; for twins whose records keep their validation curves, the step at which the two curves
+part (the first evaluation where the losses differ by more than ``--part`` relative) and each curve at that step.
+
+    python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5
+    python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5 --json results/twins_s5.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.state_tracking.table import main_mode
+from experiments.stats import fmt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def exact_loss(loss: float | dict) -> float:
+    """The validation loss of the exact recurrence (what keep_best chooses on) of an evaluation's record."""
+    return loss["sequential"] if isinstance(loss, dict) else loss
+
+
+def curve(points: list) -> list[tuple[int, float]]:
+    return [(int(step), exact_loss(loss)) for step, loss in points]
+
+
+def parting_step(a: list[tuple[int, float]], b: list[tuple[int, float]], tolerance: float) -> int | None:
+    """The first step at which two validation curves ((step, loss) pairs) differ by more than ``tolerance`` relative
+    to the larger loss (None: they never do, or they share no step)."""
+    other = dict(b)
+    for step, loss in a:
+        if step in other and abs(loss - other[step]) > tolerance * max(abs(loss), abs(other[step])):
+            return step
+    return None
+
+
+def twins(first: list[dict], second: list[dict], task: str, rows: str = "val", part: float = 0.5) -> dict:
+    """The comparison of the seeds of ``task`` present in both sweeps' records."""
+    a = {r["seed"]: r for r in first if r["task"] == task}
+    b = {r["seed"]: r for r in second if r["task"] == task}
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        raise SystemExit(f"{task}: {len(seeds)} seed(s) in both sweeps; twins need at least 2")
+    mode = main_mode([a[s] for s in seeds])
+    key = "val_lengths" if rows == "val" else "lengths"
+    lengths = sorted({int(m) for s in seeds for m in a[s].get(key, {})} & {int(m) for s in seeds for m in
+                                                                           b[s].get(key, {})})
+    table = []
+    for moves in lengths:
+        x = [a[s][key][str(moves)][mode]["accuracy"] for s in seeds]
+        y = [b[s][key][str(moves)][mode]["accuracy"] for s in seeds]
+        diff = [p - q for p, q in zip(x, y)]
+        table.append({"moves": moves, "first": x, "second": y, "first_t": fmt(x), "second_t": fmt(y),
+                      "difference_t": fmt(diff, "+.3f"), "within_005": sum(abs(d) <= 0.05 for d in diff),
+                      "ge099": sum(v >= 0.99 for v in x + y), "runs": 2 * len(seeds)})
+    parts = []
+    for s in seeds:
+        if a[s].get("val_curve") and b[s].get("val_curve"):
+            ca, cb = curve(a[s]["val_curve"]), curve(b[s]["val_curve"])
+            step = parting_step(ca, cb, part)
+            at = dict(ca), dict(cb)
+            parts.append({"seed": s, "parting_step": step, "kept_steps": [a[s]["kept_step"], b[s]["kept_step"]],
+                          "losses_at_parting": None if step is None else [at[0][step], at[1][step]],
+                          "final_losses": [ca[-1][1], cb[-1][1]]})
+    return {"task": task, "mode": mode, "rows": rows, "seeds": seeds, "lengths": table, "curves": parts}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("first", help="a sweep's results (e.g. compiled_s5)")
+    p.add_argument("second", help="its twin sweep (e.g. preset_fresh)")
+    p.add_argument("--task", default="s5")
+    p.add_argument("--rows", choices=("val", "test"), default="val")
+    p.add_argument("--part", type=float, default=0.5, help="relative loss difference at which curves part")
+    p.add_argument("--json", default=None, help="also write the comparison here")
+    args = p.parse_args(argv)
+    records = [json.loads((RESULTS / f"{name}.json").read_text()) for name in (args.first, args.second)]
+    result = twins(*records, args.task, args.rows, args.part)
+    n = len(result["seeds"])
+    print(f"{args.task}, {args.rows} rows, {result['mode']}: {args.first} vs {args.second}, seeds {result['seeds']}")
+    print(f"\n| moves | {args.first} | {args.second} | paired difference | pairs within 0.05 | runs >= 0.99 |")
+    print("|---|---|---|---|---|---|")
+    for row in result["lengths"]:
+        print(f"| {row['moves']} | {row['first_t']} | {row['second_t']} | {row['difference_t']} | "
+              f"{row['within_005']} of {n} | {row['ge099']} of {row['runs']} |")
+    if result["curves"]:
+        print(f"\nvalidation curves (training-length rows), parting at a relative difference > {args.part}:")
+        for c in result["curves"]:
+            print(f"  seed {c['seed']}: part at step {c['parting_step']}, losses there {c['losses_at_parting']}, "
+                  f"final {c['final_losses']}, kept steps {c['kept_steps']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
