@@ -10,13 +10,23 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
@@ -25,10 +35,13 @@ from fullband.storage import (
     BEST,
     DCP_DIR,
     MANIFEST,
+    MODEL_KEY,
     PREFIX,
     RunDir,
     checkpoint_format,
+    latest_valid_checkpoint,
     list_checkpoints,
+    read_model_weights,
     sha256_of,
     single_process_dcp,
 )
@@ -186,3 +199,116 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         "rng": _load_tensors(path / "rng.pt"),
         "trainer_state": trainer_state,
     }
+
+
+class CheckpointManager:
+    """A run's checkpoints as the trainer uses them: ``save`` one at a step (the whole state from rank 0, or each
+    rank's DCP shards), ``save_best`` the kept model, and ``resume`` the newest valid one into a model and its
+    optimizers, whatever the world size and sharding that wrote it. Every rank calls each method (the state dicts
+    are collectives under FSDP); only rank 0 writes whole files."""
+
+    def __init__(self, out_dir: Path, fmt: str, model_config: Any, decode: DecodeSettings, tokenizer_dir: Path,
+                 keep: int, world_size: int, is_main: bool, log: Callable[[str], None]):
+        self.out_dir, self.format, self.model_config, self.decode = out_dir, fmt, model_config, decode
+        self.tokenizer_dir, self.keep, self.world_size, self.is_main, self.log = (tokenizer_dir, keep, world_size,
+                                                                                 is_main, log)
+
+    def _barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    @staticmethod
+    def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+        """The full (unsharded) weights on the CPU; a collective under FSDP, so every rank calls it."""
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    @staticmethod
+    def sharded_state(model: nn.Module, optimizers: list) -> dict[str, Any]:
+        """{"model": ..., "optimizer": ...} as each rank holds them (DTensor shards under FSDP): what a DCP
+        checkpoint saves, and loads into whatever the sharding of the run that reads it."""
+        model_state, optimizer_state = get_state_dict(model, optimizers)
+        return {MODEL_KEY: model_state, "optimizer": optimizer_state}
+
+    def save(self, model: nn.Module, optimizers: list, trainer_state: dict[str, Any]) -> None:
+        """RUN/checkpoints/step_N with the model, optimizer state, RNG and ``trainer_state`` (its "step" names it)."""
+        if self.format == "dcp":
+            # Every rank writes its own shards: no rank ever holds the whole model or optimizer state.
+            path = write_dcp_checkpoint(self.out_dir, trainer_state["step"], self.sharded_state(model, optimizers),
+                                        self.model_config, self.decode, self.tokenizer_dir, trainer_state, self.keep)
+            self.log(f"checkpoint {path}")
+            return
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = self.model_state(model)
+        optimizer_state = get_optimizer_state_dict(model, optimizers, options=options)
+        if self.is_main:
+            path = write_checkpoint(self.out_dir, trainer_state["step"], model_state, self.model_config, self.decode,
+                                    self.tokenizer_dir, optimizer_state, trainer_state, self.keep)
+            self.log(f"checkpoint {path}")
+        self._barrier()
+
+    def save_best(self, model: nn.Module, record: dict[str, Any]) -> None:
+        """RUN/best: the model with ``record`` (its step and validation loss) as best.json."""
+        model_state = self.model_state(model)
+        if self.is_main:
+            write_best(self.out_dir, model_state, self.model_config, self.decode, self.tokenizer_dir, record)
+        self._barrier()
+
+    def resume(self, model: nn.Module, optimizers: list) -> dict[str, Any] | None:
+        """Load the newest valid checkpoint into ``model`` and ``optimizers`` (and torch's RNG); its trainer state,
+        or None when there is none to resume from."""
+        # Rank 0 verifies (the sha256 of every file) and tells the others which checkpoint: every rank
+        # verifying would read a sharded checkpoint's every shard once per rank.
+        found = [latest_valid_checkpoint(self.out_dir) if self.is_main else None]
+        if self.world_size > 1:
+            dist.broadcast_object_list(found, src=0)
+        checkpoint = found[0]
+        if checkpoint is None:
+            self.log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
+            return None
+        saved = self.load(model, optimizers, checkpoint)
+        self.log(f"resumed from {checkpoint} at step {saved['step']}")
+        return saved
+
+    def load(self, model: nn.Module, optimizers: list, checkpoint: Path) -> dict[str, Any]:
+        parts = read_checkpoint(checkpoint)
+        if checkpoint_format(checkpoint) == "dcp":
+            model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)
+            set_model_state_dict(model, model_state)
+            options = StateDictOptions(strict=False)
+        else:
+            model_state = read_model_weights(checkpoint / "model")
+            set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
+            optimizer_state = parts["optimizer"]
+            saved = set(optimizer_state.get("state", {}))
+            options = StateDictOptions(full_state_dict=True, strict=False)
+        # strict=False: parameters that never had a gradient (the fusion weights during the 1-pass phase)
+        # have no optimizer state yet, exactly as in an uninterrupted run.
+        set_optimizer_state_dict(model, optimizers, optimizer_state, options=options)
+        # set_optimizer_state_dict first initialises every parameter's state with a zero-gradient step;
+        # drop that state again where the checkpoint had none, or those parameters' first real update
+        # would see a step count of 2 (Adam bias correction) and the run would not match an uninterrupted one.
+        for name, param in model.named_parameters():
+            if name not in saved:
+                for opt in optimizers:
+                    opt.state.pop(param, None)
+        torch.set_rng_state(parts["rng"]["torch"])
+        return parts["trainer_state"]
+
+    def _read_dcp_state(self, model: nn.Module, optimizers: list, checkpoint: Path) -> tuple[dict, dict, set[str]]:
+        """The model and optimizer state of a DCP checkpoint, read into this run's sharding (any world size:
+        DCP reads each rank's pieces from whichever shards hold them), and the names of the parameters that
+        have optimizer state in it."""
+        shards = checkpoint / DCP_DIR
+        state = self.sharded_state(model, optimizers)
+        entries = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+        # The template holds freshly initialised state for every parameter; read only the parameters the
+        # checkpoint has state for (DCP refuses to load entries a checkpoint lacks).
+        saved = {name for name, per_param in state["optimizer"]["state"].items()
+                 if all(f"optimizer.state.{name}.{key}" in entries for key in per_param)}
+        state["optimizer"]["state"] = {k: v for k, v in state["optimizer"]["state"].items() if k in saved}
+        try:
+            with contextlib.nullcontext() if dist.is_initialized() else single_process_dcp():
+                dcp.load(state, checkpoint_id=str(shards), no_dist=not dist.is_initialized())
+        except Exception as exc:  # DCP wraps a rank's failure (a damaged shard, missing entries) in its own error
+            raise CheckpointError(f"checkpoint {checkpoint}: cannot read its DCP shards ({exc})") from None
+        return state[MODEL_KEY], state["optimizer"], saved

@@ -22,17 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from fullband.architectures import FBT, LanguageModel, arch_of, build_model, config_from_dict, stored_arch
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
@@ -40,29 +30,25 @@ from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_
 from fullband.data.shards import IGNORE_INDEX
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
-from fullband.eval import EvalResult, evaluate
+from fullband.eval import EvalResult
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
+from fullband.storage import PREFIX as CHECKPOINT_PREFIX
 from fullband.storage import (
-    DCP_DIR,
-    MODEL_KEY,
     RunDir,
-    checkpoint_format,
-    latest_valid_checkpoint,
     list_checkpoints,
     read_best,
     read_model_weights,
     resolve_model_dir,
-    single_process_dcp,
     verify_checkpoint,
 )
-from fullband.storage import PREFIX as CHECKPOINT_PREFIX
-from fullband.train.checkpoint import read_checkpoint, write_best, write_checkpoint, write_dcp_checkpoint
+from fullband.train.checkpoint import CheckpointManager
 from fullband.train.init import grow_vocabulary, keeps_fusion
 from fullband.train.objective import LossOptions, MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
 from fullband.train.tracking import RunLog
+from fullband.train.validation import Validator
 
 # Fields a mid-training run may set differently from the checkpoint it starts from.
 FEEDBACK_FIELDS = ("fusion", "fusion_init", "feedback_source", "feedback_jitter")
@@ -312,66 +298,6 @@ class Trainer:
                 )
         return objective
 
-    # ---- state -----------------------------------------------------------------------------------
-
-    def _sharded_state(self, model, optimizers) -> dict[str, Any]:
-        """{"model": ..., "optimizer": ...} as each rank holds them (DTensor shards under FSDP): what a DCP
-        checkpoint saves, and loads into whatever the sharding of the run that reads it."""
-        model_state, optimizer_state = get_state_dict(model, optimizers)
-        return {MODEL_KEY: model_state, "optimizer": optimizer_state}
-
-    def _state_dicts(self, model, optimizers):
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return self._model_state(model), get_optimizer_state_dict(model, optimizers, options=options)
-
-    def _model_state(self, model) -> dict[str, torch.Tensor]:
-        """The full (unsharded) weights on the CPU; a collective under FSDP, so every rank calls it."""
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def _load_state(self, model, optimizers, checkpoint: Path) -> dict:
-        parts = read_checkpoint(checkpoint)
-        if checkpoint_format(checkpoint) == "dcp":
-            model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)
-            set_model_state_dict(model, model_state)
-            options = StateDictOptions(strict=False)
-        else:
-            model_state = read_model_weights(checkpoint / "model")
-            set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
-            optimizer_state = parts["optimizer"]
-            saved = set(optimizer_state.get("state", {}))
-            options = StateDictOptions(full_state_dict=True, strict=False)
-        # strict=False: parameters that never had a gradient (the fusion weights during the 1-pass phase)
-        # have no optimizer state yet, exactly as in an uninterrupted run.
-        set_optimizer_state_dict(model, optimizers, optimizer_state, options=options)
-        # set_optimizer_state_dict first initialises every parameter's state with a zero-gradient step;
-        # drop that state again where the checkpoint had none, or those parameters' first real update
-        # would see a step count of 2 (Adam bias correction) and the run would not match an uninterrupted one.
-        for name, param in model.named_parameters():
-            if name not in saved:
-                for opt in optimizers:
-                    opt.state.pop(param, None)
-        torch.set_rng_state(parts["rng"]["torch"])
-        return parts["trainer_state"]
-
-    def _read_dcp_state(self, model, optimizers, checkpoint: Path) -> tuple[dict, dict, set[str]]:
-        """The model and optimizer state of a DCP checkpoint, read into this run's sharding (any world size:
-        DCP reads each rank's pieces from whichever shards hold them), and the names of the parameters that
-        have optimizer state in it."""
-        shards = checkpoint / DCP_DIR
-        state = self._sharded_state(model, optimizers)
-        entries = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
-        # The template holds freshly initialised state for every parameter; read only the parameters the
-        # checkpoint has state for (DCP refuses to load entries a checkpoint lacks).
-        saved = {name for name, per_param in state["optimizer"]["state"].items()
-                 if all(f"optimizer.state.{name}.{key}" in entries for key in per_param)}
-        state["optimizer"]["state"] = {k: v for k, v in state["optimizer"]["state"].items() if k in saved}
-        try:
-            with contextlib.nullcontext() if dist.is_initialized() else single_process_dcp():
-                dcp.load(state, checkpoint_id=str(shards), no_dist=not dist.is_initialized())
-        except Exception as exc:  # DCP wraps a rank's failure (a damaged shard, missing entries) in its own error
-            raise CheckpointError(f"checkpoint {checkpoint}: cannot read its DCP shards ({exc})") from None
-        return state[MODEL_KEY], state["optimizer"], saved
-
     # ---- the loop --------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
@@ -443,6 +369,14 @@ class Trainer:
         curriculum_steps = round(t.length_curriculum * self.total_steps)
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
         self.autocast = self._autocast()
+        # How the saved model decodes by default, implied by the schedule it was trained with (a user changes it
+        # when exporting, serving or calling).
+        decode = DecodeSettings.trained_with(self.schedule, self.cfg.model.max_seq_len)
+        self.checkpoints = CheckpointManager(self.out_dir, self.checkpoint_format, self.cfg.model, decode,
+                                             dataset.path / "tokenizer", t.keep_checkpoints, self.world_size,
+                                             self.is_main, self._log)
+        self.validator = Validator(dataset, self.cfg.eval, t.seq_len, t.keep_best, self.autocast, self.is_main,
+                                   self._log)
         self.state = TrainState()
         if self.resume:
             self._resume()
@@ -456,20 +390,12 @@ class Trainer:
             shutil.rmtree(self.out_dir / "best", ignore_errors=True)
 
     def _resume(self) -> None:
-        # Rank 0 verifies (the sha256 of every file) and tells the others which checkpoint: every rank
-        # verifying would read a sharded checkpoint's every shard once per rank.
-        found = [latest_valid_checkpoint(self.out_dir) if self.is_main else None]
-        if self.world_size > 1:
-            dist.broadcast_object_list(found, src=0)
-        checkpoint = found[0]
-        if checkpoint is None:
-            self._log(f"--resume: no complete checkpoint in {self.out_dir}; starting from step 0")
+        saved = self.checkpoints.resume(self.model, self.optimizers)
+        if saved is None:
             return
-        saved = self._load_state(self.model, self.optimizers, checkpoint)
         self.state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
         self.loader.load_state_dict(saved["loader"])
         self._truncate_logs(self.state.step)
-        self._log(f"resumed from {checkpoint} at step {self.state.step}")
 
     def _train(self) -> TrainResult:
         """The loop: optimizer steps until the token budget (or train.stop_after_steps) is reached, with metrics,
@@ -619,14 +545,14 @@ class Trainer:
                       f"{record['tokens_per_s']:.0f} tok/s")
 
     def _evaluate_and_keep_best(self, run_log: RunLog) -> EvalResult:
-        result = self._evaluate(self.model, self.dataset, self.state.step, self.state.tokens, self.autocast, run_log)
-        self.best = self._keep_if_best(self.model, result, self.state.step, self.best, self.dataset)
+        result = self.validator.evaluate(self.model, self.state.step, self.state.tokens, run_log)
+        self.best = self.validator.keep_if_best(self.model, result, self.state.step, self.best, self.checkpoints)
         return result
 
     def _checkpoint(self) -> None:
         state = {**asdict(self.state), "loader": self.loader.state_dict(),
                  "data_dir": str(self.dataset.path.resolve())}
-        self._save(self.model, self.optimizers, state, self.dataset)
+        self.checkpoints.save(self.model, self.optimizers, state)
 
     def _finished_run(self) -> TrainResult | None:
         """The summary of a run that already trained its whole token budget and evaluated at its end, else None.
@@ -685,52 +611,6 @@ class Trainer:
             dist.all_reduce(values)
             values = values / self.world_size
         return values.tolist()
-
-    def _evaluate(self, model, dataset, step, tokens, autocast, run_log: RunLog) -> EvalResult:
-        e = self.cfg.eval
-        batches = dataset.split("val").eval_batches(self.train_cfg.seq_len, e.batch_size, e.batches)
-        result = evaluate(model, batches, e.fused_passes, sequential=e.sequential, autocast=autocast)
-        run_log.log_eval({"step": step, "tokens": tokens, **result.to_dict()})
-        if self.is_main:
-            # 5 significant digits, not 4 decimals: an exact recurrence's loss of 1e-7 and one of 1e-4 differ in
-            # how far a state-tracking recurrence extrapolates, and both read 0.0001 as decimals.
-            losses = ", ".join(f"{k} {v:.5g}" for k, v in result.loss.items())
-            self._log(f"eval @ step {step}: {losses}")
-        return result
-
-    def _keep_if_best(self, model, result: EvalResult, step: int, best: dict | None, dataset) -> dict | None:
-        """train.keep_best: write OUT_DIR/best when this evaluation's loss is the lowest so far (or ties it)."""
-        name = self.train_cfg.keep_best
-        loss = result.loss.get(name, math.nan)  # absent: an empty validation split
-        if not name or not math.isfinite(loss) or (best is not None and loss > best["loss"]):
-            return best
-        record = {"step": step, "loss_name": name, "loss": loss, "data_dir": str(dataset.path.resolve())}
-        model_state = self._model_state(model)
-        if self.is_main:
-            write_best(self.out_dir, model_state, self.cfg.model, self._decode_settings(), dataset.path / "tokenizer",
-                       record)
-        self._barrier()
-        return record
-
-    def _decode_settings(self) -> DecodeSettings:
-        """How the saved model decodes by default, implied by the schedule it was trained with (a user changes
-        it when exporting, serving or calling)."""
-        return DecodeSettings.trained_with(self.schedule, self.cfg.model.max_seq_len)
-
-    def _save(self, model, optimizers, state, dataset) -> None:
-        if self.checkpoint_format == "dcp":
-            # Every rank writes its own shards: no rank ever holds the whole model or optimizer state.
-            path = write_dcp_checkpoint(self.out_dir, state["step"], self._sharded_state(model, optimizers),
-                                        self.cfg.model, self._decode_settings(), dataset.path / "tokenizer", state,
-                                        self.train_cfg.keep_checkpoints)
-            self._log(f"checkpoint {path}")
-            return
-        model_state, optimizer_state = self._state_dicts(model, optimizers)
-        if self.is_main:
-            path = write_checkpoint(self.out_dir, state["step"], model_state, self.cfg.model, self._decode_settings(),
-                                    dataset.path / "tokenizer", optimizer_state, state, self.train_cfg.keep_checkpoints)
-            self._log(f"checkpoint {path}")
-        self._barrier()
 
     def _truncate_logs(self, step: int) -> None:
         """Drop log lines written after the checkpoint we resume from (the run died after them)."""
