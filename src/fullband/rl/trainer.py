@@ -201,6 +201,22 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
     return random.Random(f"{purpose}:{seed}:{step}").getrandbits(63)
 
 
+def greedy_accuracy(model: FullBandLM, tokenizer: Any, records: Sequence[dict[str, str]], reward: RewardFunction,
+                    decode: DecodeSettings, max_new_tokens: int, batch_size: int = 64) -> float:
+    """The share of ``records`` whose greedy completion (``decode``, at most ``max_new_tokens``, cut at EOS) the
+    reward counts as correct: the held-out accuracy of ``fullband rl``'s eval.jsonl."""
+    end_ids = {tokenizer.eos_id}
+    correct = 0
+    for i in range(0, len(records), batch_size):
+        chunk = records[i : i + batch_size]
+        prompts = [encode_prompt(tokenizer, r["prompt"]) for r in chunk]
+        with torch.no_grad():
+            rows = generate(model, prompts, max_new_tokens, decode=decode, eos_token_id=tokenizer.eos_id)
+        texts = [tokenizer.decode([t for t in cut_at_end(row, end_ids) if t not in end_ids]) for row in rows.tolist()]
+        correct += sum(r >= reward.correct_at for r in reward(texts, [r["answer"] for r in chunk]))
+    return correct / len(records)
+
+
 @dataclass
 class RLResult:
     steps: int
@@ -337,18 +353,8 @@ class RLTrainer:
         """Greedy accuracy on the held-out records in the rollout decode mode (None without val_data)."""
         if not self.val_records:
             return None
-        correct = 0
-        size = self.cfg.eval_batch_size
-        for i in range(0, len(self.val_records), size):
-            chunk = self.val_records[i : i + size]
-            with torch.no_grad():
-                rows = generate(self.model, self.encode(chunk), self.cfg.max_new_tokens, decode=self.decode,
-                                eos_token_id=self.tokenizer.eos_id)
-            texts = [self.tokenizer.decode([t for t in cut_at_end(r, self.end_ids) if t not in self.end_ids])
-                     for r in rows.tolist()]
-            rewards = self.reward(texts, [r["answer"] for r in chunk])
-            correct += sum(r >= self.reward.correct_at for r in rewards)
-        return correct / len(self.val_records)
+        return greedy_accuracy(self.model, self.tokenizer, self.val_records, self.reward, self.decode,
+                               self.cfg.max_new_tokens, self.cfg.eval_batch_size)
 
     # ---- the run ----------------------------------------------------------------------------------
 
