@@ -394,6 +394,18 @@ def test_resume_after_a_stop_equals_the_uninterrupted_run(soft_model_dir, record
     assert all(m["groups_kept"] > 0 and m["loss"] is not None for m in metrics(tmp_path / "whole"))
 
 
+def test_the_score_mode_ablation_changes_the_update_not_the_rollouts(soft_model_dir, records, tmp_path):
+    """rl.score_mode standard (the plain pass, what a trainer ignoring the mode computes) samples the same first
+    rollouts as the default, but its update differs: the soft rollouts' plain-pass gradient is another one."""
+    for name, mode in (("right", ""), ("plain", "standard")):
+        run_rl(rl_config(soft_model_dir, records, steps=1, score_mode=mode), tmp_path / name, reward=ByteSumParity())
+    right, plain = (read_safetensors(tmp_path / n / "checkpoints" / "step_00000001" / "model" / "model.safetensors")
+                    for n in ("right", "plain"))
+    assert not torch.equal(right["fusion.gate_proj.weight"], plain["fusion.gate_proj.weight"])
+    first = [json.loads((tmp_path / n / "metrics.jsonl").read_text().splitlines()[0]) for n in ("right", "plain")]
+    assert first[0]["reward"] == first[1]["reward"] and first[0]["completion_tokens"] == first[1]["completion_tokens"]
+
+
 def test_the_command_line(soft_model_dir, records, tmp_path, capsys):
     train, val = records
     config = tmp_path / "rl.yaml"

@@ -62,6 +62,8 @@ class RLConfig:
                                         "bubblewrap cannot run (not a security boundary)")
     decode_mode: str = _f("", "rollout decode mode (standard, soft, fused:N, fused:auto, fused:exact); '' = the "
                               "model's stored setting; checkpoints store it")
+    score_mode: str = _f("", "ablation only: the decode mode whose log-probabilities the loss uses ('' = the rollout "
+                             "mode, the right one); 'standard' is what a trainer that ignores the mode computes")
     steps: int = _f(100, "RL steps; each samples new rollouts and makes updates_per_step optimizer updates")
     prompts_per_step: int = _f(8, "records drawn per step")
     group_size: int = _f(8, "rollouts per record (the G of GRPO)")
@@ -117,8 +119,9 @@ class RLConfig:
                               "({\"prompt\": ..., \"answer\": ...})")
         if self.wandb and not isinstance(self.wandb.get("project"), str):
             raise ConfigError("rl.wandb needs a project: e.g. --rl.wandb '{project: fullband}'; {} turns W&B off")
-        if self.decode_mode:
-            DecodeSettings().with_label(self.decode_mode)  # the same message as every other door
+        for label in (self.decode_mode, self.score_mode):
+            if label:
+                DecodeSettings().with_label(label)  # the same message as every other door
 
 
 # Fields that may differ between a run and its resumption: they change logging and pacing, not the computation.
@@ -249,6 +252,7 @@ class RLTrainer:
         stored = DecodeSettings.of(self.model)
         self.decode = stored.with_label(cfg.decode_mode) if cfg.decode_mode else stored
         self.decode.store_in(self.model)  # checkpoints decode as the rollouts did
+        self.score_decode = self.decode.with_label(cfg.score_mode) if cfg.score_mode else self.decode
         # The reference of the KL term is the starting model, also on a resumed run.
         self.reference = None
         if cfg.kl_coef > 0:
@@ -326,13 +330,13 @@ class RLTrainer:
                 # With one update per step the policy is the sampler: its log-probabilities, detached, are the old
                 # ones (as TRL does); only several updates need them computed before the first.
                 if cfg.updates_per_step > 1:
-                    old = rollout_logprobs(self.model, prompts, completions, self.decode, cfg.temperature)
+                    old = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
                 if self.reference is not None:
-                    ref = rollout_logprobs(self.reference, prompts, completions, self.decode, cfg.temperature)
+                    ref = rollout_logprobs(self.reference, prompts, completions, self.score_decode, cfg.temperature)
             scoring_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             for _ in range(cfg.updates_per_step):
-                new = rollout_logprobs(self.model, prompts, completions, self.decode, cfg.temperature)
+                new = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
                 out = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
                                 cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation)
                 self.optimizer.zero_grad(set_to_none=True)
