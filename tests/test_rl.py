@@ -172,6 +172,12 @@ def test_bad_rows_are_refused_with_what_to_do():
         rollout_logprobs(model, [[1] * 30], [[2] * 10])
     with pytest.raises(ValueError, match="vocab_size"):
         rollout_logprobs(model, [[1]], [[64]])
+    with pytest.raises(ValueError, match="vocab_size"):
+        rollout_logprobs(model, [[1]], [[2.0]])
+    numpy = pytest.importorskip("numpy")
+    (from_numpy,) = rollout_logprobs(model, [numpy.array([1, 2])], [numpy.array([3])])
+    (from_lists,) = rollout_logprobs(model, [[1, 2]], [[3]])
+    assert torch.equal(from_numpy, from_lists)
     with pytest.raises(ValueError, match="temperature"):
         rollout_logprobs(model, [[1]], [[2]], temperature=0.0)
 
@@ -392,6 +398,14 @@ def test_resume_after_a_stop_equals_the_uninterrupted_run(soft_model_dir, record
 
     assert metrics(tmp_path / "whole") == metrics(tmp_path / "parts")
     assert all(m["groups_kept"] > 0 and m["loss"] is not None for m in metrics(tmp_path / "whole"))
+
+
+def test_progress_bar_and_tensorboard(soft_model_dir, records, tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="rl.tensorboard needs tensorboard (fullband[tensorboard])")
+    run_rl(rl_config(soft_model_dir, records, steps=2, progress=True, tensorboard=True), tmp_path)
+    err = capsys.readouterr().err
+    assert "reward=" in err and "acc=" in err
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_the_score_mode_ablation_changes_the_update_not_the_rollouts(soft_model_dir, records, tmp_path):

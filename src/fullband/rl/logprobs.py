@@ -20,6 +20,7 @@ only, so a row's result does not depend on the rows batched with it.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -73,9 +74,10 @@ def _check_rows(model: FullBandLM, prompts: Sequence[Sequence[int]], completions
         if len(prompt) + len(completion) - 1 > limit:
             raise ValueError(f"row {i}: prompt {len(prompt)} + completion {len(completion)} - 1 tokens exceed the "
                              f"model's max_seq_len {limit}; generate fewer tokens or shorten the prompt")
-        bad = [t for t in (*prompt, *completion) if not (isinstance(t, int) and 0 <= t < vocab)]
+        bad = [t for t in (*prompt, *completion)
+               if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"row {i}: token id {bad[0]!r} is not an int in [0, {vocab}) (the model's vocab_size)")
+            raise ValueError(f"row {i}: token id {bad[0]!r} is not an integer in [0, {vocab}) (the model's vocab_size)")
 
 
 def completion_logits(
