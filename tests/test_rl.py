@@ -16,7 +16,7 @@ from fullband.bench.sandbox import bubblewrap_problem
 from fullband.cli import main
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
-from fullband.errors import ConfigError
+from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, sample_next, score_continuations
 from fullband.model import prompt_plain
 from fullband.rl import (
@@ -436,6 +436,13 @@ def test_the_command_line(soft_model_dir, records, tmp_path, capsys):
     # A resumed run may not change what it computes: refused with the option named, exit status 2.
     assert main(["rl", "--out-dir", str(tmp_path / "run"), "--resume", "--rl.lr", "0.5"]) == 2
     assert "cannot change rl.lr" in capsys.readouterr().err
+
+
+def test_a_model_without_its_tokenizer_is_refused(records, tmp_path):
+    FullBandLM(FullBandConfig(vocab_size=ByteTokenizer().vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                              max_seq_len=40)).save_pretrained(tmp_path / "bare")
+    with pytest.raises(FullbandError, match="no tokenizer directory"):
+        run_rl(rl_config(tmp_path / "bare", records), tmp_path / "run")
 
 
 def test_config_errors_say_what_to_do(soft_model_dir, records):

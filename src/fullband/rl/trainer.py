@@ -54,7 +54,7 @@ def _f(default: Any, help: str) -> Any:
 
 @dataclass
 class RLConfig:
-    model: str = _f("", "run directory, checkpoint, model directory or Hugging Face export to start from")
+    model: str = _f("", "run directory, checkpoint or model directory (with its tokenizer) to start from")
     data: str = _f("", "training records: JSONL of {\"prompt\": ..., \"answer\": ...}")
     val_data: str = _f("", "held-out records (same format) for the greedy accuracy in eval.jsonl ('' = none)")
     reward: str = _f("exact", f"reward function: {REWARD_KINDS} (fullband.rl.rewards)")
@@ -239,8 +239,9 @@ class RLTrainer:
         source_dir = resolve_model_dir(cfg.model)
         self.tokenizer_dir = find_tokenizer_dir(source_dir)
         if self.tokenizer_dir is None:
-            raise FullbandError(f"{source_dir} has no tokenizer saved with it; RL needs the model's tokenizer (a run, "
-                                "checkpoint or model directory written by fullband or `fullband convert`)")
+            raise FullbandError(f"{source_dir} has no tokenizer directory saved with it; RL checkpoints copy it: start "
+                                "from a run, checkpoint or model directory written by fullband or `fullband convert` "
+                                "(for a Hugging Face export, the directory it was exported from)")
         self.step = 0
         checkpoint = latest_valid_checkpoint(self.out_dir) if resume else None
         if resume and checkpoint is None and any((self.out_dir / "checkpoints").glob("*")):
