@@ -147,8 +147,10 @@ def test_cycle_finder_finds_cycles():
 
 
 # The modules that drive training, so may import fullband.train: the command line and ``python -m fullband``
-# (``fullband train``), ``fullband sft`` and ``fullband demo`` (they train models).
-TRAINING_DRIVERS = {"fullband.__main__", "fullband.cli", "fullband.sft", "fullband.tools.demo"}
+# (``fullband train``), ``fullband sft``, ``fullband demo`` and ``fullband rl`` (they train models; the rl package's
+# inference side, rollout log-probabilities, rewards and the loss, does not).
+TRAINING_DRIVERS = {"fullband.__main__", "fullband.cli", "fullband.sft", "fullband.tools.demo", "fullband.rl.trainer",
+                    "fullband.rl.cli"}
 
 
 def _path_to_train(graph: dict[str, set[str]], start: str) -> list[str] | None:

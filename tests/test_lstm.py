@@ -72,6 +72,7 @@ def check_cached_decoding(model) -> None:
     for scoring in ("decode", "prefill"):
         scored = score_continuations(model, contexts, continuations, scoring=scoring)
         for ctx, cont, (logprobs, _) in zip(contexts, continuations, scored):
+            # Scores are float32 at least: this float64 model's stay float64.
             full = model(torch.tensor([ctx + cont[:-1]])).logits[0, len(ctx) - 1 :].log_softmax(-1)
             torch.testing.assert_close(logprobs, full.gather(-1, torch.tensor(cont)[:, None])[:, 0])
 

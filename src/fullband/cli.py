@@ -31,6 +31,7 @@ from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
 from fullband.hf import convert_from_hf, export_hf
 from fullband.loading import encode_prompt, load_model, load_model_and_data, preset_path
+from fullband.rl import cli as rl_cli
 from fullband.serve import cli as serve_cli
 from fullband.storage import consolidate, verify
 from fullband.tools import jacobi, probe
@@ -241,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cli.add_parser(sub)
 
     sft.add_parser(sub)
+    rl_cli.add_parser(sub)
     chat_cli.add_parser(sub)
     for subparser in sub.choices.values():
         subparser.allow_abbrev = False  # --train.token must not silently mean --train.tokens

@@ -256,6 +256,7 @@ def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
 def _token_scores(
     logits: torch.Tensor, targets: torch.Tensor, spans: list[range]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # float32 at least; a float64 model's scores stay float64 (the RL log-probabilities are checked against them).
     logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
     picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     greedy = logits.argmax(dim=-1) == targets

@@ -1,0 +1,66 @@
+"""``fullband rl MODEL --out-dir DIR --rl.data FILE.jsonl``: GRPO with verifiable rewards (``fullband.rl``).
+
+Options are the fields of ``fullband.rl.trainer.RLConfig``, from ``--config FILE`` (YAML, a section ``rl:``) and
+``--rl.field VALUE``, as ``fullband train`` takes its sections. See docs/rl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from pathlib import Path
+
+import yaml
+
+from fullband.errors import ConfigError
+from fullband.rl.trainer import RLConfig, build_rl_config, resumed_config, rl_fields, run_rl
+
+METAVARS = {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL", dict: "YAML_MAPPING"}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "rl", help="GRPO on prompt -> verifiable-answer records, rollouts scored in the mode that sampled them")
+    p.add_argument("model", nargs="?", help="run directory, checkpoint or model directory to start from "
+                   "(or rl.model; not needed with --resume)")
+    p.add_argument("--config", metavar="FILE", help="YAML file with a section rl: {field: value}")
+    p.add_argument("--out-dir", required=True, metavar="DIR", help="run directory: config, checkpoints, metrics")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT_DIR")
+    group = p.add_argument_group("rl options")
+    hints = typing.get_type_hints(RLConfig)
+    for f in rl_fields():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        group.add_argument(f"--rl.{f.name}", dest=f"rl.{f.name}", default=argparse.SUPPRESS,
+                           metavar=METAVARS.get(hints[f.name], "VALUE"),
+                           help=f"{f.metadata['help']} (default: {default!r})".replace("%", "%%"))
+    p.set_defaults(func=run)
+    return p
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the config {path}: {exc}") from None
+    return raw
+
+
+def run(args: argparse.Namespace) -> None:
+    overrides = {k: v for k, v in vars(args).items() if k.startswith("rl.")}
+    if args.model:
+        overrides["rl.model"] = args.model
+    out_dir = Path(args.out_dir)
+    if args.resume and (out_dir / "config.yaml").is_file():
+        if args.config:
+            raise ConfigError("--resume continues with the config saved in OUT_DIR; give no --config (change only "
+                              "logging and pacing options with --rl.field)")
+        cfg = resumed_config(out_dir, overrides)
+    else:
+        raw = _read_yaml(Path(args.config)) if args.config else {}
+        cfg = build_rl_config(raw, overrides, source=args.config or "fullband rl")
+    result = run_rl(cfg, out_dir, resume=args.resume)
+    line = f"steps {result.steps}; checkpoints, metrics.jsonl and eval.jsonl in {result.out_dir}"
+    if result.final_accuracy is not None:
+        line += f"; held-out greedy accuracy {result.final_accuracy:.3f}"
+    print(line)

@@ -1,0 +1,453 @@
+"""The GRPO loop of ``fullband rl``: rollouts in the model's decode mode, verifiable rewards, the clipped loss on the
+log-probabilities of the mode that sampled (``rollout_logprobs``), checkpoints that resume bitwise, metrics.
+
+One step: draw ``prompts_per_step`` records, sample ``group_size`` rollouts of each with ``generate`` (temperature
+``temperature``, the rollout decode settings), reward them, compute group-relative advantages (dropping groups of
+equal rewards with ``dynamic_sampling``), then ``updates_per_step`` optimizer steps on the clipped loss. Every random
+draw (records, sampling) comes from a generator seeded by (seed, step), and the model, optimizer and step are
+checkpointed, so a run stopped after any checkpoint and resumed computes what the uninterrupted run computes.
+
+The model stays in eval mode throughout: fullband's forward has no dropout and draws no noise outside training's
+Jacobi passes, so the probabilities recomputed for the update are those the sampler used (ratio 1 on the first
+update, as the objective assumes).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from fullband.config import coerce
+from fullband.decoding import DecodeSettings
+from fullband.errors import ConfigError, FullbandError
+from fullband.generation import generate
+from fullband.loading import encode_prompt, load_model
+from fullband.model import FullBandLM
+from fullband.rl.grpo import AGGREGATIONS, REWARD_SCALES, group_advantages, grpo_loss, informative_groups
+from fullband.rl.logprobs import rollout_logprobs
+from fullband.rl.rewards import REWARD_KINDS, RewardFunction, make_reward
+from fullband.storage import find_tokenizer_dir, latest_valid_checkpoint, resolve_model_dir
+from fullband.train.checkpoint import read_checkpoint, write_checkpoint
+from fullband.train.tracking import RunLog
+
+CONFIG_NAME = "config.yaml"  # OUT_DIR/config.yaml: {"rl": the RLConfig}, as fullband train saves its own
+
+
+def _f(default: Any, help: str) -> Any:
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RLConfig:
+    model: str = _f("", "run directory, checkpoint or model directory (with its tokenizer) to start from")
+    data: str = _f("", "training records: JSONL of {\"prompt\": ..., \"answer\": ...}")
+    val_data: str = _f("", "held-out records (same format) for the greedy accuracy in eval.jsonl ('' = none)")
+    reward: str = _f("exact", f"reward function: {REWARD_KINDS} (fullband.rl.rewards)")
+    allow_unsandboxed: bool = _f(False, "code reward: run programs under the resource-limit guard where "
+                                        "bubblewrap cannot run (not a security boundary)")
+    decode_mode: str = _f("", "rollout decode mode (standard, soft, fused:N, fused:auto, fused:exact); '' = the "
+                              "model's stored setting; checkpoints store it")
+    score_mode: str = _f("", "ablation only: the decode mode whose log-probabilities the loss uses ('' = the rollout "
+                             "mode, the right one); 'standard' is what a trainer that ignores the mode computes")
+    steps: int = _f(100, "RL steps; each samples new rollouts and makes updates_per_step optimizer updates")
+    prompts_per_step: int = _f(8, "records drawn per step")
+    group_size: int = _f(8, "rollouts per record (the G of GRPO)")
+    max_new_tokens: int = _f(16, "longest rollout, in tokens (a rollout ends at the tokenizer's EOS)")
+    temperature: float = _f(1.0, "sampling temperature of the rollouts (the log-probabilities use the same)")
+    updates_per_step: int = _f(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
+    lr: float = _f(1e-4, "AdamW learning rate (constant)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "clip the gradient norm to this (0 = off)")
+    clip_low: float = _f(0.2, "ratio clip below: 1 - clip_low")
+    clip_high: float = _f(0.2, "ratio clip above: 1 + clip_high (DAPO: 0.28, above clip_low)")
+    kl_coef: float = _f(0.0, "weight β of the k3 KL to the starting model (0 = no reference model)")
+    loss_aggregation: str = _f("sequence", "'sequence' (GRPO: mean per rollout, then over rollouts) or 'token' "
+                                           "(DAPO: mean over all tokens)")
+    scale_rewards: str = _f("group", "'group': advantages divided by the group's reward std; 'none' (Dr. GRPO)")
+    dynamic_sampling: bool = _f(False, "DAPO: drop the groups whose rewards are all equal (no signal)")
+    seed: int = _f(0, "seed of the record draws and the rollouts' sampling")
+    device: str = _f("auto", "'auto' (cuda if available), 'cpu', 'cuda', ...")
+    eval_every: int = _f(0, "greedy accuracy on val_data every N steps, and before the first (0 = at the end only)")
+    eval_prompts: int = _f(200, "held-out records graded per evaluation (the first N of val_data)")
+    eval_batch_size: int = _f(64, "prompts per generate call in evaluation")
+    ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = at the end only)")
+    keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
+    stop_after_steps: int = _f(0, "stop (with a checkpoint) after this many steps of this invocation (0 = run "
+                                  "to the end); for preemptible jobs and resume tests")
+    progress: bool = _f(True, "show a progress bar with reward and accuracy")
+    log_every: int = _f(10, "print a line every N steps when there is no progress bar")
+    tensorboard: bool = _f(False, "also write TensorBoard events to OUT_DIR/tensorboard")
+    wandb: dict = _f({}, "W&B logging: {project: P, name: N, tags: [...]}; {} = off")
+
+    def validate(self) -> None:
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "updates_per_step",
+                     "eval_prompts", "eval_batch_size", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_every", "ckpt_every", "stop_after_steps", "weight_decay", "grad_clip", "kl_coef",
+                     "clip_low", "clip_high"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0 or not self.temperature > 0:
+            raise ConfigError(f"rl.lr and rl.temperature must be > 0, got {self.lr} and {self.temperature}")
+        if self.loss_aggregation not in AGGREGATIONS:
+            raise ConfigError(f"rl.loss_aggregation must be one of {', '.join(AGGREGATIONS)}, "
+                              f"got {self.loss_aggregation!r}")
+        if self.scale_rewards not in REWARD_SCALES:
+            raise ConfigError(f"rl.scale_rewards must be one of {', '.join(REWARD_SCALES)}, got {self.scale_rewards!r}")
+        if self.group_size < 2:
+            raise ConfigError("rl.group_size must be >= 2: GRPO's advantages compare a prompt's rollouts")
+        if not self.model:
+            raise ConfigError("give the model to start from (fullband rl MODEL, or rl.model)")
+        if not self.data:
+            raise ConfigError("give the training records with --rl.data FILE.jsonl "
+                              "({\"prompt\": ..., \"answer\": ...})")
+        if self.wandb and not isinstance(self.wandb.get("project"), str):
+            raise ConfigError("rl.wandb needs a project: e.g. --rl.wandb '{project: fullband}'; {} turns W&B off")
+        for label in (self.decode_mode, self.score_mode):
+            if label:
+                DecodeSettings().with_label(label)  # the same message as every other door
+
+
+# Fields that may differ between a run and its resumption: they change logging and pacing, not the computation.
+RESUMABLE = {"device", "eval_every", "eval_prompts", "eval_batch_size", "ckpt_every", "keep_checkpoints",
+             "stop_after_steps", "progress", "log_every", "tensorboard", "wandb", "val_data", "steps"}
+
+
+def rl_fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(RLConfig))
+
+
+def build_rl_config(raw: dict[str, Any] | None, overrides: dict[str, Any] | None = None,
+                    source: str = "config") -> RLConfig:
+    """An RLConfig from a YAML mapping (``{"rl": {field: value}}``) and ``rl.field`` command-line strings."""
+    raw = raw or {}
+    if not isinstance(raw, dict) or set(raw) - {"rl"}:
+        raise ConfigError(f"{source}: the top level must be one section, rl: {{field: value, ...}}")
+    section = raw.get("rl") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: section 'rl' must be a mapping of field: value")
+    types = typing.get_type_hints(RLConfig)
+    values: dict[str, Any] = {}
+    given = [(k, v, False) for k, v in section.items()]
+    given += [(k.removeprefix("rl."), v, True) for k, v in (overrides or {}).items()]
+    for key, value, from_cli in given:
+        if key not in types:
+            where = f"--rl.{key}" if from_cli else f"{source}: rl.{key}"
+            raise ConfigError(f"{where}: unknown option; the rl options are {', '.join(sorted(types))}")
+        values[key] = coerce(value, types[key], f"rl.{key}", from_cli)
+    config = RLConfig(**values)
+    config.validate()
+    return config
+
+
+def read_records(path: str | Path) -> list[dict[str, str]]:
+    """JSONL records with a "prompt" and an "answer" (strings), refused with the line that is wrong."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FullbandError(f"cannot read the records {path}: {exc}") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise FullbandError(f"{path}:{n} is not valid JSON: {exc}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or "answer" not in record:
+            raise FullbandError(f"{path}:{n}: every record needs a \"prompt\" string and an \"answer\"")
+        records.append({"prompt": record["prompt"], "answer": str(record["answer"])})
+    if not records:
+        raise FullbandError(f"{path} holds no records")
+    return records
+
+
+@dataclass
+class Rollouts:
+    """One step's rollouts: prompt ids (repeated per rollout), completion ids (cut after their end token), the
+    completions' text (without the end token), rewards (N,)."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    texts: list[str]
+    rewards: torch.Tensor
+
+
+def cut_at_end(row: Sequence[int], end_ids: set[int]) -> list[int]:
+    """A generated row up to and including its first end token (generate repeats it after the end)."""
+    out = []
+    for token in row:
+        out.append(int(token))
+        if token in end_ids:
+            break
+    return out
+
+
+def step_seed(seed: int, step: int, purpose: str) -> int:
+    """A 63-bit seed for one purpose of one step: the same on a resumed run as on the uninterrupted one."""
+    return random.Random(f"{purpose}:{seed}:{step}").getrandbits(63)
+
+
+def greedy_accuracy(model: FullBandLM, tokenizer: Any, records: Sequence[dict[str, str]], reward: RewardFunction,
+                    decode: DecodeSettings, max_new_tokens: int, batch_size: int = 64) -> float:
+    """The share of ``records`` whose greedy completion (``decode``, at most ``max_new_tokens``, cut at EOS) the
+    reward counts as correct: the held-out accuracy of ``fullband rl``'s eval.jsonl."""
+    end_ids = {tokenizer.eos_id}
+    correct = 0
+    for i in range(0, len(records), batch_size):
+        chunk = records[i : i + batch_size]
+        prompts = [encode_prompt(tokenizer, r["prompt"]) for r in chunk]
+        with torch.no_grad():
+            rows = generate(model, prompts, max_new_tokens, decode=decode, eos_token_id=tokenizer.eos_id)
+        texts = [tokenizer.decode([t for t in cut_at_end(row, end_ids) if t not in end_ids]) for row in rows.tolist()]
+        correct += sum(r >= reward.correct_at for r in reward(texts, [r["answer"] for r in chunk]))
+    return correct / len(records)
+
+
+@dataclass
+class RLResult:
+    steps: int
+    final_accuracy: float | None  # greedy accuracy on val_data at the end (None without val_data)
+    out_dir: Path
+
+
+class RLTrainer:
+    def __init__(self, cfg: RLConfig, out_dir: str | Path, resume: bool = False, reward: RewardFunction | None = None):
+        self.cfg = cfg
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        device = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        self.records = read_records(cfg.data)
+        self.val_records = read_records(cfg.val_data)[: cfg.eval_prompts] if cfg.val_data else []
+        self.reward = reward or make_reward(cfg.reward, cfg.allow_unsandboxed)
+        source_dir = resolve_model_dir(cfg.model)
+        self.tokenizer_dir = find_tokenizer_dir(source_dir)
+        if self.tokenizer_dir is None:
+            raise FullbandError(f"{source_dir} has no tokenizer directory saved with it; RL checkpoints copy it: start "
+                                "from a run, checkpoint or model directory written by fullband or `fullband convert` "
+                                "(for a Hugging Face export, the directory it was exported from)")
+        self.step = 0
+        checkpoint = latest_valid_checkpoint(self.out_dir) if resume else None
+        if resume and checkpoint is None and any((self.out_dir / "checkpoints").glob("*")):
+            raise FullbandError(f"{self.out_dir} has no complete checkpoint to resume from")
+        self.model, self.tokenizer = load_model(checkpoint if checkpoint is not None else cfg.model, device)
+        if not isinstance(self.model, FullBandLM):
+            raise FullbandError(f"fullband rl trains FullBandLM models (model.arch fbt); {cfg.model} holds a "
+                                f"{type(self.model).__name__}")
+        stored = DecodeSettings.of(self.model)
+        self.decode = stored.with_label(cfg.decode_mode) if cfg.decode_mode else stored
+        self.decode.store_in(self.model)  # checkpoints decode as the rollouts did
+        self.score_decode = self.decode.with_label(cfg.score_mode) if cfg.score_mode else self.decode
+        # The reference of the KL term is the starting model, also on a resumed run.
+        self.reference = None
+        if cfg.kl_coef > 0:
+            self.reference = load_model(cfg.model, device)[0] if checkpoint is not None else copy.deepcopy(self.model)
+            self.reference.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
+                                           weight_decay=cfg.weight_decay)
+        if checkpoint is not None:
+            state = read_checkpoint(checkpoint)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.step = int(state["trainer_state"]["step"])
+        self.end_ids = {self.tokenizer.eos_id}
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def draw_records(self, step: int) -> list[dict[str, str]]:
+        rng = random.Random(step_seed(self.cfg.seed, step, "records"))
+        count = self.cfg.prompts_per_step
+        if count <= len(self.records):
+            return rng.sample(self.records, count)
+        return [rng.choice(self.records) for _ in range(count)]
+
+    def encode(self, records: Sequence[dict[str, str]]) -> list[list[int]]:
+        prompts = [encode_prompt(self.tokenizer, r["prompt"]) for r in records]
+        room = self.model.config.max_seq_len - self.cfg.max_new_tokens
+        for prompt, record in zip(prompts, records):
+            if len(prompt) > room:
+                raise FullbandError(f"the prompt {record['prompt'][:40]!r}... has {len(prompt)} tokens; with "
+                                    f"rl.max_new_tokens {self.cfg.max_new_tokens} the model's max_seq_len "
+                                    f"{self.model.config.max_seq_len} leaves room for {room}")
+        return prompts
+
+    def rollouts(self, step: int, records: Sequence[dict[str, str]]) -> Rollouts:
+        G = self.cfg.group_size
+        prompts = [p for p in self.encode(records) for _ in range(G)]
+        with torch.no_grad():
+            rows = generate(self.model, prompts, self.cfg.max_new_tokens, decode=self.decode,
+                            temperature=self.cfg.temperature, seed=step_seed(self.cfg.seed, step, "rollouts"),
+                            eos_token_id=self.tokenizer.eos_id)
+        completions = [cut_at_end(row, self.end_ids) for row in rows.tolist()]
+        texts = [self.tokenizer.decode([t for t in c if t not in self.end_ids]) for c in completions]
+        answers = [r["answer"] for r in records for _ in range(G)]
+        rewards = torch.tensor(self.reward(texts, answers), dtype=torch.float32)
+        return Rollouts(prompts, completions, texts, rewards)
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        start = time.perf_counter()
+        records = self.draw_records(step)
+        batch = self.rollouts(step, records)
+        rollout_s = time.perf_counter() - start
+        rewards = batch.rewards
+        record: dict[str, Any] = {
+            "step": step + 1,
+            "reward": float(rewards.mean()),
+            "accuracy": float((rewards >= self.reward.correct_at).float().mean()),
+            "completion_tokens": sum(map(len, batch.completions)) / len(batch.completions),
+        }
+        advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
+        keep = torch.ones(len(records), dtype=torch.bool)
+        if cfg.dynamic_sampling:
+            keep = informative_groups(rewards, cfg.group_size)
+        rows = [i for i in range(len(batch.prompts)) if keep[i // cfg.group_size]]
+        record["groups_kept"] = int(keep.sum())
+        prompts = [batch.prompts[i] for i in rows]
+        completions = [batch.completions[i] for i in rows]
+        advantages = advantages[rows]
+        scoring_s = update_s = 0.0
+        # NaN where no group was kept (metrics.jsonl writes null; TensorBoard takes it as a float).
+        loss_value = kl = clip_fraction = math.nan
+        if rows:
+            t0 = time.perf_counter()
+            old = ref = None
+            with torch.no_grad():
+                # With one update per step the policy is the sampler: its log-probabilities, detached, are the old
+                # ones (as TRL does); only several updates need them computed before the first.
+                if cfg.updates_per_step > 1:
+                    old = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
+                if self.reference is not None:
+                    ref = rollout_logprobs(self.reference, prompts, completions, self.score_decode, cfg.temperature)
+            scoring_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for _ in range(cfg.updates_per_step):
+                new = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
+                out = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
+                                cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation)
+                self.optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                if cfg.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                self.optimizer.step()
+            update_s = time.perf_counter() - t0
+            loss_value, clip_fraction = float(out.loss), out.clip_fraction
+            kl = math.nan if out.kl is None else out.kl
+        record.update(loss=loss_value, kl=kl, clip_fraction=clip_fraction, rollout_s=rollout_s, scoring_s=scoring_s,
+                      update_s=update_s, step_s=time.perf_counter() - start)
+        return record
+
+    # ---- evaluation -------------------------------------------------------------------------------
+
+    def evaluate(self) -> float | None:
+        """Greedy accuracy on the held-out records in the rollout decode mode (None without val_data)."""
+        if not self.val_records:
+            return None
+        return greedy_accuracy(self.model, self.tokenizer, self.val_records, self.reward, self.decode,
+                               self.cfg.max_new_tokens, self.cfg.eval_batch_size)
+
+    # ---- the run ----------------------------------------------------------------------------------
+
+    def checkpoint(self) -> None:
+        write_checkpoint(self.out_dir, self.step, self.model.state_dict(), self.model.config, self.decode,
+                         self.tokenizer_dir, self.optimizer.state_dict(),
+                         {"step": self.step, "source": str(self.cfg.model)}, self.cfg.keep_checkpoints)
+
+    def run(self) -> RLResult:
+        cfg = self.cfg
+        log = RunLog.open(self.out_dir, cfg, dataclasses.asdict(cfg), True, lambda text: print(text, file=sys.stderr))
+        progress = None
+        if cfg.progress:
+            from tqdm import tqdm
+
+            progress = tqdm(total=cfg.steps, initial=self.step, desc="rl", unit="step", dynamic_ncols=True,
+                            file=sys.stderr)
+        failed = True
+        accuracy = None
+        try:
+            if cfg.eval_every and self.step == 0:
+                self._log_eval(log, self.evaluate())
+            ran = 0
+            while self.step < cfg.steps:
+                record = self.train_step(self.step)
+                self.step += 1
+                ran += 1
+                log.log_train(record)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{record['reward']:.3f}", acc=f"{record['accuracy']:.3f}")
+                elif self.step % cfg.log_every == 0:
+                    print(f"step {self.step}: reward {record['reward']:.3f} accuracy {record['accuracy']:.3f} "
+                          f"loss {record['loss']}", file=sys.stderr)
+                stopping = cfg.stop_after_steps and ran >= cfg.stop_after_steps
+                if self.step == cfg.steps or stopping or (cfg.ckpt_every and self.step % cfg.ckpt_every == 0):
+                    self.checkpoint()
+                if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                    self._log_eval(log, self.evaluate())
+                if stopping:
+                    break
+            if self.step == cfg.steps:
+                accuracy = self.evaluate()
+                self._log_eval(log, accuracy)
+            failed = False
+        finally:
+            if progress is not None:
+                progress.close()
+            log.close(failed)
+        return RLResult(self.step, accuracy, self.out_dir)
+
+    def _log_eval(self, log: RunLog, accuracy: float | None) -> None:
+        if accuracy is None:
+            return
+        # eval.jsonl's own record: RunLog.log_eval's scalars are those of fullband train's validation.
+        with open(self.out_dir / "eval.jsonl", "a") as f:
+            f.write(json.dumps({"step": self.step, "accuracy": accuracy, "prompts": len(self.val_records),
+                                "decode": self.decode.label}) + "\n")
+
+
+def save_config(cfg: RLConfig, out_dir: Path) -> None:
+    (out_dir / CONFIG_NAME).write_text(yaml.safe_dump({"rl": dataclasses.asdict(cfg)}, sort_keys=False))
+
+
+def resumed_config(out_dir: Path, overrides: dict[str, Any]) -> RLConfig:
+    """The saved config of a run in ``out_dir`` with ``overrides`` applied, refused when one of them would change the
+    computation (a resumed run must compute what the uninterrupted one computes)."""
+    path = out_dir / CONFIG_NAME
+    try:
+        saved = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the saved config {path}: {exc}") from None
+    base = build_rl_config(saved, source=str(path))
+    cfg = build_rl_config(saved, overrides, source=str(path))
+    changed = sorted(f.name for f in rl_fields() if getattr(cfg, f.name) != getattr(base, f.name)
+                     and f.name not in RESUMABLE)
+    if changed:
+        raise ConfigError(f"--resume cannot change {', '.join('rl.' + c for c in changed)}: the resumed run would not "
+                          f"compute what the run in {out_dir} computes; start a new --out-dir instead")
+    return cfg
+
+
+def run_rl(cfg: RLConfig, out_dir: str | Path, resume: bool = False,
+           reward: RewardFunction | None = None) -> RLResult:
+    """Run (or with ``resume`` continue) GRPO as ``cfg`` says, writing OUT_DIR/config.yaml, checkpoints/,
+    metrics.jsonl and eval.jsonl. ``reward``: a reward function object instead of ``cfg.reward``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = RLTrainer(cfg, out, resume, reward)
+    save_config(cfg, out)
+    return trainer.run()
