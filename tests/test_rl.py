@@ -17,7 +17,7 @@ from fullband.cli import main
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.generation import generate, sample_next, score_continuations
+from fullband.generation import generate, score_continuations
 from fullband.model import prompt_plain
 from fullband.rl import (
     CodeTestReward,
@@ -32,6 +32,7 @@ from fullband.rl import (
 )
 from fullband.rl.grpo import pad_rows
 from fullband.rl.trainer import build_rl_config, run_rl
+from fullband.sampling import SamplingParams, sample_rows
 from fullband.storage import read_safetensors
 from tests.conftest import FEATURES, float32_case, make_model
 
@@ -40,6 +41,15 @@ MODES = ("standard", *FEEDBACK_MODES)
 # The gate at std 1: at the default 0.02 the fused input barely depends on the token, and the feedback modes'
 # log-probabilities would differ from the plain pass's by little.
 STRONG_GATE = dict(gate_init_std=1.0, max_seq_len=48)
+
+
+def replay_sampler(logits: torch.Tensor, temperature: float, seed: int) -> torch.Tensor:
+    """The tokens generate's sampler draws from (B, T, V) ``logits``: row i from its own generator seeded seed + i,
+    one draw a step (``fullband.sampling.sample_rows``, as the engine calls it)."""
+    rows = logits.shape[0]
+    params = [SamplingParams(temperature=temperature)] * rows
+    generators = [torch.Generator().manual_seed(seed + i) for i in range(rows)]
+    return torch.stack([sample_rows(logits[:, t].detach(), params, generators) for t in range(logits.shape[1])], 1)
 
 
 def ragged_rows(seed: int = 1, vocab: int = 64) -> tuple[list[list[int]], list[list[int]]]:
@@ -145,9 +155,7 @@ def test_sampled_rollouts_are_scored_as_they_were_sampled(label):
     decode = DecodeSettings().with_label(label)
     rows = generate(model, prompts, 12, decode=decode, temperature=0.8, seed=123).tolist()
     logits, targets, _ = completion_logits(model, prompts, rows, decode)
-    generator = torch.Generator().manual_seed(123)
-    replayed = torch.stack([sample_next(logits[:, t].detach(), 0.8, generator=generator) for t in range(12)], dim=1)
-    assert replayed.tolist() == rows
+    assert replay_sampler(logits, 0.8, 123).tolist() == rows
     ours = rollout_logprobs(model, prompts, rows, decode=decode, temperature=0.8)
     scaled = [(lp / 1.0) for lp in ours]
     reference = score_continuations(model, prompts, rows, decode=decode)
@@ -157,9 +165,7 @@ def test_sampled_rollouts_are_scored_as_they_were_sampled(label):
     expected = (logits.detach() / 0.8).log_softmax(-1).gather(-1, targets[..., None])[..., 0]
     assert worst(scaled, list(expected)) < 1e-12
     plain_logits, _, _ = completion_logits(model, prompts, rows, DecodeSettings("standard"))
-    generator = torch.Generator().manual_seed(123)
-    plain = torch.stack([sample_next(plain_logits[:, t].detach(), 0.8, generator=generator) for t in range(12)], 1)
-    assert plain.tolist() != rows
+    assert replay_sampler(plain_logits, 0.8, 123).tolist() != rows
 
 
 def test_bad_rows_are_refused_with_what_to_do():
