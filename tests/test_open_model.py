@@ -101,15 +101,15 @@ def test_a_damaged_safetensors_file_is_refused_by_its_header(tmp_path, damage):
     raw = weights.read_bytes()
     if damage == "truncated":
         weights.write_bytes(raw[: len(raw) - 4])
-        expected = r"its header describes \d+ bytes, the file has \d+"
+        expected = "incomplete metadata, file not fully covered"  # safetensors' own checks
     elif damage == "header":
         length = int.from_bytes(raw[:8], "little")
         weights.write_bytes(raw[:8] + b"{" * length + raw[8 + length:])
-        expected = "its header is not JSON"
+        expected = "invalid JSON in header"
     else:
         weights.write_bytes(b"")
-        expected = "0 bytes, shorter than a safetensors header"
-    with pytest.raises(CheckpointError, match=f"model.safetensors is unreadable or truncated: {expected}"):
+        expected = "header too small"
+    with pytest.raises(CheckpointError, match=f"model.safetensors is unreadable or truncated: .*{expected}"):
         load_pretrained(tmp_path)
 
 
