@@ -214,3 +214,23 @@ def test_pooled_gives_the_seed_interval_and_the_wilson_interval_over_the_pooled_
     (tmp_path / "sweep.json").write_text(json.dumps(runs))
     pooled.main(["sweep", "--results", str(tmp_path)])
     assert "| 8 | 0.750 1.000 | 0.875 [" in capsys.readouterr().out
+
+
+def test_twins_pair_the_same_seeds_and_find_where_their_training_losses_part():
+    from experiments.state_tracking.twins import parting_step, twins
+
+    def record(seed, accuracy, losses):
+        cell = {"fused:exact": {"accuracy": accuracy, "correct": "1"}, "standard": {"accuracy": 0.0, "correct": "0"}}
+        return {"task": "s5", "seed": seed, "kept_step": 3, "lengths": {"16": cell},
+                "val_lengths": {"16": cell, "128": cell}, "train_curve": [[i + 1, v] for i, v in enumerate(losses)],
+                "val_curve": [[3, {"sequential": 0.1}]]}
+
+    first = [record(1, 0.95, [5.0, 4.0, 3.0]), record(2, 0.40, [5.0, 4.0, 3.0]), record(3, 1.0, [1.0])]
+    second = [record(1, 0.90, [5.0, 4.001, 1.0]), record(2, 0.99, [5.0, 2.0, 1.0])]
+    result = twins(first, second, "s5")
+    assert result["seeds"] == [1, 2]  # seed 3 has no twin
+    row = next(r for r in result["lengths"] if r["moves"] == 128)
+    assert row["within_005"] == 1 and row["ge099"] == 1 and row["runs"] == 4
+    parts = {c["seed"]: c["parting_steps"] for c in result["curves"]}
+    assert parts[1] == {"0.0001": 2, "0.01": 3, "0.5": 3} and parts[2] == {"0.0001": 2, "0.01": 2, "0.5": 3}
+    assert parting_step([[1, 1.0], [2, 1.0]], [[1, 1.0], [2, 1.0]], 1e-4) is None

@@ -1,8 +1,9 @@
 """Twins: the same seed, data and rows trained twice by runs that differ only in rounding (the preset's token steps
 compiled, sweep ``compiled_s5``, and uncompiled, ``preset_fresh``), graded on the validation rows. Per length: each
 twin's accuracy over the seeds (95% t interval), the paired difference, how many pairs agree within 0.05, and the
-share of runs at >= 0.99; for twins whose records keep their validation curves, the step at which the two curves
-part (the first evaluation where the losses differ by more than ``--part`` relative) and each curve at that step.
+share of runs at >= 0.99; for twins whose records keep their curves, where they part: the first training step at
+which the two runs' training losses (same batches, same initial weights) differ by more than 1e-4, 1e-2 and 0.5
+relative, and their final validation losses of the exact recurrence.
 
     python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5
     python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5 --json results/twins_s5.json
@@ -25,21 +26,21 @@ def exact_loss(loss: float | dict) -> float:
     return loss["sequential"] if isinstance(loss, dict) else loss
 
 
-def curve(points: list) -> list[tuple[int, float]]:
-    return [(int(step), exact_loss(loss)) for step, loss in points]
+PARTING = (1e-4, 1e-2, 0.5)
 
 
-def parting_step(a: list[tuple[int, float]], b: list[tuple[int, float]], tolerance: float) -> int | None:
-    """The first step at which two validation curves ((step, loss) pairs) differ by more than ``tolerance`` relative
-    to the larger loss (None: they never do, or they share no step)."""
-    other = dict(b)
+def parting_step(a: list[list[float]], b: list[list[float]], tolerance: float) -> int | None:
+    """The first step at which two loss curves ([step, loss] pairs) differ by more than ``tolerance`` relative to the
+    larger loss (None: they never do, or they share no step)."""
+    other = {int(step): loss for step, loss in b}
     for step, loss in a:
+        step = int(step)
         if step in other and abs(loss - other[step]) > tolerance * max(abs(loss), abs(other[step])):
             return step
     return None
 
 
-def twins(first: list[dict], second: list[dict], task: str, rows: str = "val", part: float = 0.5) -> dict:
+def twins(first: list[dict], second: list[dict], task: str, rows: str = "val") -> dict:
     """The comparison of the seeds of ``task`` present in both sweeps' records."""
     a = {r["seed"]: r for r in first if r["task"] == task}
     b = {r["seed"]: r for r in second if r["task"] == task}
@@ -60,13 +61,12 @@ def twins(first: list[dict], second: list[dict], task: str, rows: str = "val", p
                       "ge099": sum(v >= 0.99 for v in x + y), "runs": 2 * len(seeds)})
     parts = []
     for s in seeds:
-        if a[s].get("val_curve") and b[s].get("val_curve"):
-            ca, cb = curve(a[s]["val_curve"]), curve(b[s]["val_curve"])
-            step = parting_step(ca, cb, part)
-            at = dict(ca), dict(cb)
-            parts.append({"seed": s, "parting_step": step, "kept_steps": [a[s]["kept_step"], b[s]["kept_step"]],
-                          "losses_at_parting": None if step is None else [at[0][step], at[1][step]],
-                          "final_losses": [ca[-1][1], cb[-1][1]]})
+        if a[s].get("train_curve") and b[s].get("train_curve") and a[s].get("val_curve") and b[s].get("val_curve"):
+            parts.append({"seed": s, "parting_steps": {str(t): parting_step(a[s]["train_curve"], b[s]["train_curve"], t)
+                                                       for t in PARTING},
+                          "first_losses": [a[s]["train_curve"][0][1], b[s]["train_curve"][0][1]],
+                          "final_val_losses": [exact_loss(a[s]["val_curve"][-1][1]),
+                                               exact_loss(b[s]["val_curve"][-1][1])]})
     return {"task": task, "mode": mode, "rows": rows, "seeds": seeds, "lengths": table, "curves": parts}
 
 
@@ -76,11 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("second", help="its twin sweep (e.g. preset_fresh)")
     p.add_argument("--task", default="s5")
     p.add_argument("--rows", choices=("val", "test"), default="val")
-    p.add_argument("--part", type=float, default=0.5, help="relative loss difference at which curves part")
     p.add_argument("--json", default=None, help="also write the comparison here")
     args = p.parse_args(argv)
     records = [json.loads((RESULTS / f"{name}.json").read_text()) for name in (args.first, args.second)]
-    result = twins(*records, args.task, args.rows, args.part)
+    result = twins(*records, args.task, args.rows)
     n = len(result["seeds"])
     print(f"{args.task}, {args.rows} rows, {result['mode']}: {args.first} vs {args.second}, seeds {result['seeds']}")
     print(f"\n| moves | {args.first} | {args.second} | paired difference | pairs within 0.05 | runs >= 0.99 |")
@@ -89,10 +88,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {row['moves']} | {row['first_t']} | {row['second_t']} | {row['difference_t']} | "
               f"{row['within_005']} of {n} | {row['ge099']} of {row['runs']} |")
     if result["curves"]:
-        print(f"\nvalidation curves (training-length rows), parting at a relative difference > {args.part}:")
+        print("\nwhere the twins part: the first step whose training losses differ by more than "
+              + ", ".join(f"{t:g}" for t in PARTING) + " relative (same batches and initial weights)")
+        print("\n| seed | step 1 losses | " + " | ".join(f"parted > {t:g}" for t in PARTING)
+              + " | final validation loss (exact) |")
+        print("|---|---|" + "---|" * len(PARTING) + "---|")
         for c in result["curves"]:
-            print(f"  seed {c['seed']}: part at step {c['parting_step']}, losses there {c['losses_at_parting']}, "
-                  f"final {c['final_losses']}, kept steps {c['kept_steps']}")
+            steps = " | ".join(str(c["parting_steps"][str(t)]) for t in PARTING)
+            print(f"| {c['seed']} | {c['first_losses'][0]:.7f} / {c['first_losses'][1]:.7f} | {steps} | "
+                  f"{c['final_val_losses'][0]:.2g} / {c['final_val_losses'][1]:.2g} |")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
