@@ -62,7 +62,12 @@ MODES = {
 @pytest.fixture(scope="module", autouse=True)
 def in_process_engines():
     """vLLM in this process, with a small cache; afterwards the process's torch threading as it was (the CPU worker
-    replaces torch.set_num_threads)."""
+    replaces torch.set_num_threads) and transformers' config registry too: vLLM registers the plugin's config class
+    for model_type "fullband", which a later test that loads an export with trust_remote_code in the same worker
+    would otherwise get instead of the export's own."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    registered = dict(CONFIG_MAPPING._extra_content)
     threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -72,6 +77,8 @@ def in_process_engines():
         _close_engine()
     torch.set_num_threads = set_num_threads
     torch.set_num_threads(threads)
+    CONFIG_MAPPING._extra_content.clear()
+    CONFIG_MAPPING._extra_content.update(registered)
 
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
