@@ -7,6 +7,11 @@ relative, and their final validation losses of the exact recurrence.
 
     python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5
     python -m experiments.state_tracking.twins compiled_s5 preset_fresh --task s5 --json results/twins_s5.json
+    python -m experiments.state_tracking.twins compiled_s5 preset_fresh --best-of 32   # best of the two per seed
+
+``--best-of MOVES``: the twins as two restarts of a seed (twice the compute), the one kept chosen by its accuracy on the
+validation rows of MOVES moves (ties: the first sweep's), reported on the test rows against the first sweep's run
+alone, paired by seed.
 """
 
 from __future__ import annotations
@@ -70,6 +75,27 @@ def twins(first: list[dict], second: list[dict], task: str, rows: str = "val") -
     return {"task": task, "mode": mode, "rows": rows, "seeds": seeds, "lengths": table, "curves": parts}
 
 
+def best_of_two(first: list[dict], second: list[dict], task: str, choose_moves: int) -> dict:
+    """Per seed with both runs, the run kept when the better of the two on the validation rows of ``choose_moves``
+    moves is kept; its test-row accuracy per length against the first sweep's run alone."""
+    a = {r["seed"]: r for r in first if r["task"] == task}
+    b = {r["seed"]: r for r in second if r["task"] == task}
+    seeds = sorted(set(a) & set(b))
+    mode = main_mode([a[s] for s in seeds])
+    key = str(choose_moves)
+    kept = {s: (b[s] if b[s]["val_lengths"][key][mode]["accuracy"] > a[s]["val_lengths"][key][mode]["accuracy"]
+                else a[s]) for s in seeds}
+    table = []
+    for moves in sorted({int(m) for s in seeds for m in a[s]["lengths"]}):
+        alone = [a[s]["lengths"][str(moves)][mode]["accuracy"] for s in seeds]
+        best = [kept[s]["lengths"][str(moves)][mode]["accuracy"] for s in seeds]
+        table.append({"moves": moves, "alone": alone, "best_of_two": best, "alone_t": fmt(alone),
+                      "best_t": fmt(best), "difference_t": fmt([x - y for x, y in zip(best, alone)], "+.3f"),
+                      "best_ge099": sum(v >= 0.99 for v in best)})
+    return {"task": task, "mode": mode, "choose_moves": choose_moves, "seeds": seeds,
+            "second_kept": [s for s in seeds if kept[s] is b[s]], "lengths": table}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("first", help="a sweep's results (e.g. compiled_s5)")
@@ -77,8 +103,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--task", default="s5")
     p.add_argument("--rows", choices=("val", "test"), default="val")
     p.add_argument("--json", default=None, help="also write the comparison here")
+    p.add_argument("--best-of", type=int, default=None, metavar="MOVES",
+                   help="keep the better twin per seed by its validation rows of MOVES moves; report test rows")
     args = p.parse_args(argv)
     records = [json.loads((RESULTS / f"{name}.json").read_text()) for name in (args.first, args.second)]
+    if args.best_of is not None:
+        best = best_of_two(*records, args.task, args.best_of)
+        print(f"{args.task}, {best['mode']}: per seed the better of {args.first} and {args.second} on the validation "
+              f"rows of {args.best_of} moves (2 runs of compute), on the test rows; seeds {best['seeds']}, "
+              f"{args.second} kept for {best['second_kept']}")
+        print(f"\n| moves | {args.first} alone | best of two | paired difference | best of two >= 0.99 |")
+        print("|---|---|---|---|---|")
+        for row in best["lengths"]:
+            print(f"| {row['moves']} | {row['alone_t']} | {row['best_t']} | {row['difference_t']} | "
+                  f"{row['best_ge099']} of {len(best['seeds'])} |")
+        if args.json:
+            Path(args.json).write_text(json.dumps(best, indent=1) + "\n")
+        return
     result = twins(*records, args.task, args.rows)
     n = len(result["seeds"])
     print(f"{args.task}, {args.rows} rows, {result['mode']}: {args.first} vs {args.second}, seeds {result['seeds']}")
