@@ -497,6 +497,18 @@ def _unknown_field(section: str, key: str, known: set[str], from_cli: bool, sour
     return f"{what}.{hint} Known {section} fields: {', '.join(sorted(known))}"
 
 
+def read_sections(path: str | Path) -> dict[str, Any]:
+    """A YAML config file's top-level mapping (of sections), or ConfigError saying what is wrong with it."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the config {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    return raw
+
+
 def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> RunConfig:
     raw: dict[str, Any] = {}
     if path is not None:

@@ -20,10 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fullband.cli_options import add_config_options
-from fullband.config import build_config
+from fullband.config import build_config, read_sections
 from fullband.errors import ConfigError
 from fullband.eval import format_eval_table
 from fullband.loading import preset_path
@@ -49,16 +47,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _read_yaml(path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the config {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    return raw
-
-
 def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
     """The nested config of an SFT run of ``model_dir`` before command-line overrides (see the module doc)."""
     raw: dict[str, dict[str, Any]] = {}
@@ -66,7 +54,7 @@ def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str
     run_config = run.config_file if run is not None else None
     if run_config is not None and run_config.is_file():
         # The run's data section describes its pretraining corpus, not the chat data.
-        raw = {k: dict(v or {}) for k, v in _read_yaml(run_config).items() if k in ("model", "train", "eval")}
+        raw = {k: dict(v or {}) for k, v in read_sections(run_config).items() if k in ("model", "train", "eval")}
     for section, values in SFT_DEFAULTS.items():
         raw.setdefault(section, {}).update(values)
     tokenizer_dir = find_tokenizer_dir(model_dir)
@@ -75,7 +63,7 @@ def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str
                           "(a run, checkpoint or model directory written by fullband or `fullband convert`)")
     raw["data"]["tokenizer"] = str(tokenizer_dir)
     if config_file is not None:
-        for section, values in _read_yaml(config_file).items():
+        for section, values in read_sections(config_file).items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{config_file}: section {section!r} must be a mapping of field: value")
             raw.setdefault(section, {}).update(values)
@@ -89,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
     overrides.update(getattr(args, "unknown_overrides", {}))
     saved = Path(args.out_dir) / "config.yaml"
     if args.resume and args.config is None and saved.is_file():
-        config = build_config(_read_yaml(saved), overrides, source=str(saved))
+        config = build_config(read_sections(saved), overrides, source=str(saved))
     else:
         raw = sft_raw_config(model_dir, preset_path(args.config) if args.config else None)
         if "source" not in raw["data"] and "data.source" not in overrides:

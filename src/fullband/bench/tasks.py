@@ -90,6 +90,29 @@ class SyntheticBenchTask(BenchTask):
         return [float(self.task.check(p.reference, c)) for p, c in zip(problems, completions)]
 
 
+def read_jsonl_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a JSONL task file, each with a "prompt" string and an "answer" (other fields kept), refused
+    with the line that is wrong: what ``fullband bench``'s jsonl tasks and ``fullband rl`` read."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FullbandError(f"cannot read task file {path}: {exc}") from None
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            raise FullbandError(f"{path}:{n} is not valid JSON: {exc}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or "answer" not in record:
+            raise FullbandError(f"{path}:{n}: every record needs a \"prompt\" string and an \"answer\" field")
+        records.append(record)
+    if not records:
+        raise FullbandError(f"task file {path} has no records")
+    return records
+
+
 class JsonlTask(BenchTask):
     def __init__(self, path: str, match: str) -> None:
         self.name = f"jsonl:{path}"
@@ -98,23 +121,7 @@ class JsonlTask(BenchTask):
             require("math_verify", "math-verify")
             self.stop = ()  # free-form reasoning: math-verify finds the final answer in the whole text
             self.default_max_new_tokens = 512
-        self.records = []
-        try:
-            lines = Path(path).read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise FullbandError(f"cannot read task file {path}: {exc}") from None
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as exc:
-                raise FullbandError(f"{path}:{n} is not valid JSON: {exc}") from None
-            if not isinstance(record, dict) or "prompt" not in record or "answer" not in record:
-                raise FullbandError(f"{path}:{n}: every record needs a \"prompt\" and an \"answer\" field")
-            self.records.append(record)
-        if not self.records:
-            raise FullbandError(f"task file {path} has no records")
+        self.records = read_jsonl_records(path)
         if match != "math":
             longest = max(len(str(r["answer"])) for r in self.records)
             self.default_max_new_tokens = max(16, 2 * longest + 8)

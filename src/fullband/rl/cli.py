@@ -11,8 +11,7 @@ import dataclasses
 import typing
 from pathlib import Path
 
-import yaml
-
+from fullband.config import read_sections
 from fullband.errors import ConfigError
 from fullband.rl.trainer import RLConfig, build_rl_config, resumed_config, rl_fields, run_rl
 
@@ -38,14 +37,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def _read_yaml(path: Path) -> dict:
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the config {path}: {exc}") from None
-    return raw
-
-
 def run(args: argparse.Namespace) -> None:
     overrides = {k: v for k, v in vars(args).items() if k.startswith("rl.")}
     if args.model:
@@ -57,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
                               "logging and pacing options with --rl.field)")
         cfg = resumed_config(out_dir, overrides)
     else:
-        raw = _read_yaml(Path(args.config)) if args.config else {}
+        raw = read_sections(args.config) if args.config else {}
         cfg = build_rl_config(raw, overrides, source=args.config or "fullband rl")
     result = run_rl(cfg, out_dir, resume=args.resume)
     line = f"steps {result.steps}; checkpoints, metrics.jsonl and eval.jsonl in {result.out_dir}"

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import yaml
 
+from fullband.bench.tasks import read_jsonl_records
 from fullband.config import coerce
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
@@ -157,25 +158,8 @@ def build_rl_config(raw: dict[str, Any] | None, overrides: dict[str, Any] | None
 
 
 def read_records(path: str | Path) -> list[dict[str, str]]:
-    """JSONL records with a "prompt" and an "answer" (strings), refused with the line that is wrong."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise FullbandError(f"cannot read the records {path}: {exc}") from None
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise FullbandError(f"{path}:{n} is not valid JSON: {exc}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str) or "answer" not in record:
-            raise FullbandError(f"{path}:{n}: every record needs a \"prompt\" string and an \"answer\"")
-        records.append({"prompt": record["prompt"], "answer": str(record["answer"])})
-    if not records:
-        raise FullbandError(f"{path} holds no records")
-    return records
+    """JSONL records with a "prompt" and an "answer" (the answer as text), as ``fullband bench`` reads them."""
+    return [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in read_jsonl_records(path)]
 
 
 @dataclass
