@@ -1,14 +1,22 @@
-"""Starting a run from another model's weights (``--init-from``): what happens to the fusion weights and
-to a vocabulary that the fine-tuning tokenizer extends (fullband's chat tokens)."""
+"""Starting a run from another model's weights (``--init-from``): the model's config (the source's, with this run's
+feedback fields where the fusion starts fresh), what happens to the fusion weights, and a vocabulary that the
+fine-tuning tokenizer extends (fullband's chat tokens)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fullband.errors import ConfigError
+from fullband.architectures import FBT, arch_of, config_from_dict, stored_arch
+from fullband.data import PreparedDataset, load_tokenizer
+from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.loading import trained_with_feedback
+from fullband.model import FullBandConfig, FullBandLM
+from fullband.storage import read_model_weights
 
 INIT_FUSION_CHOICES = ("auto", "keep", "reset")
 
@@ -34,3 +42,68 @@ def grow_vocabulary(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str
         extra = weight.float().mean(dim=0, keepdim=True).to(weight.dtype).expand(vocab_size - weight.shape[0], -1)
         grown[name] = torch.cat([weight, extra])
     return grown
+
+
+# Fields a mid-training run may set differently from the checkpoint it starts from.
+FEEDBACK_FIELDS = ("fusion", "fusion_init", "feedback_source", "feedback_jitter")
+
+
+def init_config(model_dir: Path, model_cfg: Any, dataset: PreparedDataset, keep_fusion: bool,
+                data_dir: Path) -> FullBandConfig:
+    """The config of a run that starts from ``model_dir``'s weights: the source's, with this run's jitter (and,
+    when the fusion starts fresh, this run's fusion fields), and room for the tokens the data's tokenizer adds."""
+    other = next((arch for arch in (arch_of(model_cfg), stored_arch(model_dir)) if arch != FBT), None)
+    if other is not None:
+        raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); a "
+                          f"recurrent baseline (model.arch {other}) trains from scratch here: drop --init-from")
+    base = config_from_dict(json.loads((model_dir / "config.json").read_text()), str(model_dir)).to_dict()
+    # Kept fusion weights keep their kind; only the training jitter comes from this run's config.
+    base.update({k: getattr(model_cfg, k) for k in (("feedback_jitter",) if keep_fusion else FEEDBACK_FIELDS)})
+    if tokenizer_extends(model_dir, dataset, data_dir):
+        base["vocab_size"] = max(base["vocab_size"], dataset.vocab_size)  # e.g. chat tokens added
+    return FullBandConfig.from_dict(base)
+
+
+def tokenizer_extends(model_dir: Path, dataset: PreparedDataset, data_dir: Path) -> bool:
+    """Whether the data's tokenizer extends the model's (chat tokens added); raises if it is another one."""
+    tokenizer_dir = model_dir / "tokenizer"
+    if not tokenizer_dir.is_dir():
+        return False
+    try:
+        theirs = load_tokenizer(tokenizer_dir).fingerprint()
+    except FullbandError:
+        return False  # a tokenizer format fullband cannot read: the vocabulary-size check still applies
+    if theirs == dataset.tokenizer.base_fingerprint:
+        return True
+    if theirs != dataset.tokenizer.fingerprint():
+        raise DataError(
+            f"tokenizer mismatch: {model_dir} was trained with the tokenizer in {tokenizer_dir}, but "
+            f"the data in {data_dir} was prepared with another one. Prepare the data with "
+            f"--data.tokenizer {tokenizer_dir} (and a fresh --data-dir)."
+        )
+    return False
+
+
+def load_init_weights(model: FullBandLM, model_dir: Path, keep_fusion: bool, seed: int,
+                      log: Callable[[str], None]) -> None:
+    """``model_dir``'s weights into ``model``: the fusion's too when kept, else the fusion freshly initialised (the
+    paper introduces feedback late in training)."""
+    state = grow_vocabulary(read_model_weights(model_dir), model.config.vocab_size)
+    if keep_fusion:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise CheckpointError(
+                f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
+            )
+        log(f"initialised from {model_dir}, fusion weights included (train.init_fusion)")
+        return
+    state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith("fusion.")]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
+        )
+    torch.manual_seed(seed + 1)
+    model.reset_fusion_parameters()
+    log(f"initialised from {model_dir}; fusion weights freshly initialised")

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fullband.architectures import FBT, LanguageModel, arch_of, build_model, config_from_dict, stored_arch
+from fullband.architectures import LanguageModel, build_model
 from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
-from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, load_tokenizer, open_dataset, prepare_dataset
+from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, open_dataset, prepare_dataset
 from fullband.data.shards import IGNORE_INDEX
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
@@ -38,20 +38,16 @@ from fullband.storage import (
     RunDir,
     list_checkpoints,
     read_best,
-    read_model_weights,
     resolve_model_dir,
     verify_checkpoint,
 )
 from fullband.train.checkpoint import CheckpointManager
-from fullband.train.init import grow_vocabulary, keeps_fusion
+from fullband.train.init import init_config, keeps_fusion, load_init_weights
 from fullband.train.objective import LossOptions, MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
 from fullband.train.tracking import RunLog
 from fullband.train.validation import Validator
-
-# Fields a mid-training run may set differently from the checkpoint it starts from.
-FEEDBACK_FIELDS = ("fusion", "fusion_init", "feedback_source", "feedback_jitter")
 
 
 class TrainingDiverged(FullbandError):
@@ -172,18 +168,8 @@ class Trainer:
         model_cfg = self.cfg.model
         if self.init_from is not None:
             model_dir = resolve_model_dir(self.init_from, hashes=True)  # weights to train on: hashed
-            other = next((arch for arch in (arch_of(model_cfg), stored_arch(model_dir)) if arch != FBT), None)
-            if other is not None:
-                raise ConfigError("--init-from continues a transformer's weights (mid-training, fine-tuning); a "
-                                  f"recurrent baseline (model.arch {other}) trains from scratch here: drop --init-from")
-            base = config_from_dict(json.loads((model_dir / "config.json").read_text()), str(model_dir)).to_dict()
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
-            # Kept fusion weights keep their kind; only the training jitter comes from this run's config.
-            base.update({k: getattr(model_cfg, k) for k in (("feedback_jitter",) if self._keep_fusion
-                                                            else FEEDBACK_FIELDS)})
-            if self._check_tokenizer(model_dir, dataset):
-                base["vocab_size"] = max(base["vocab_size"], dataset.vocab_size)  # e.g. chat tokens added
-            model_cfg = FullBandConfig.from_dict(base)
+            model_cfg = init_config(model_dir, model_cfg, dataset, self._keep_fusion, self.data_dir)
         elif model_cfg.vocab_size != dataset.vocab_size:
             # A model trained from scratch takes its vocabulary from the tokenizer.
             model_cfg = FullBandConfig.from_dict({**model_cfg.to_dict(), "vocab_size": dataset.vocab_size})
@@ -201,7 +187,7 @@ class Trainer:
         torch.manual_seed(self.train_cfg.seed)
         model = build_model(model_cfg)
         if self.init_from is not None:
-            self._load_init_weights(model, model_dir)
+            load_init_weights(model, model_dir, self._keep_fusion, self.train_cfg.seed, self._log)
         return model.to(self.device)
 
     def _check_cut_documents(self, split: TokenSplit, seq_len: int) -> None:
@@ -221,47 +207,6 @@ class Trainer:
         self._log(f"warning: {long:,} of {split.num_documents:,} training records are longer than a window of "
                   f"train.seq_len + 1 = {seq_len + 1} tokens (the longest has {longest:,}); each is trained only on "
                   f"its first {seq_len + 1} tokens{lost}. {fix}.")
-
-    def _check_tokenizer(self, model_dir: Path, dataset: PreparedDataset) -> bool:
-        """Whether the data's tokenizer extends the model's (chat tokens added); raises if it is another one."""
-        tokenizer_dir = model_dir / "tokenizer"
-        if not tokenizer_dir.is_dir():
-            return False
-        try:
-            theirs = load_tokenizer(tokenizer_dir).fingerprint()
-        except FullbandError:
-            return False  # a tokenizer format fullband cannot read: the vocabulary-size check still applies
-        if theirs == dataset.tokenizer.base_fingerprint:
-            return True
-        if theirs != dataset.tokenizer.fingerprint():
-            raise DataError(
-                f"tokenizer mismatch: {self.init_from} was trained with the tokenizer in {tokenizer_dir}, but "
-                f"the data in {self.data_dir} was prepared with another one. Prepare the data with "
-                f"--data.tokenizer {tokenizer_dir} (and a fresh --data-dir)."
-            )
-        return False
-
-    def _load_init_weights(self, model: FullBandLM, model_dir: Path) -> None:
-        state = grow_vocabulary(read_model_weights(model_dir), model.config.vocab_size)
-        if self._keep_fusion:
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            if missing or unexpected:
-                raise CheckpointError(
-                    f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
-                )
-            self._log(f"initialised from {model_dir}, fusion weights included (train.init_fusion)")
-            return
-        state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith("fusion.")]
-        if missing or unexpected:
-            raise CheckpointError(
-                f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
-            )
-        # The feedback path starts fresh: the paper introduces feedback late in training.
-        torch.manual_seed(self.train_cfg.seed + 1)
-        model.reset_fusion_parameters()
-        self._log(f"initialised from {model_dir}; fusion weights freshly initialised")
 
     def _wrap(self, model: LanguageModel) -> nn.Module:
         # Checkpointing is decided inside FullBandLM.forward, so it is set before compile traces the forward and
