@@ -300,3 +300,13 @@ def test_stream_yields_one_row_per_step_and_matches_generate(mode, fused_passes)
     assert len(stopped) == j + 1 and int(stopped[-1][0]) == row[j]
     sampled = list(generate_stream(model, PROMPTS, 6, temperature=1.0, seed=3, **kw))
     assert torch.equal(torch.stack(sampled, 1), generate(model, PROMPTS, 6, temperature=1.0, seed=3, **kw))
+
+
+def test_a_mode_given_where_a_decode_settings_goes_is_refused_by_name():
+    from fullband.generation import score_continuations
+
+    model = make_model()
+    with pytest.raises(TypeError, match="decode must be a DecodeSettings"):
+        score_continuations(model, [[1, 2]], [[3]], "soft")  # the old positional order: mode third
+    with pytest.raises(TypeError, match="unknown generate\\(\\) argument\\(s\\) beam_width"):
+        generate(model, [[1, 2]], 2, beam_width=4)

@@ -43,6 +43,9 @@ def decode_settings(model: LanguageModel, decode: DecodeSettings | None = None, 
     """The settings a call decodes with: ``decode`` (default: those stored with the model) with the fields a
     caller gave (``mode`` or ``decode_mode``, ``fused_passes``, ``fused_tol``, ``fused_max_passes``) replaced; a mode
     the model cannot decode in is refused."""
+    if decode is not None and not isinstance(decode, DecodeSettings):
+        raise TypeError(f"decode must be a DecodeSettings (e.g. DecodeSettings('soft')), got {decode!r}; a mode alone "
+                        "is given as mode='soft'")
     base = decode if decode is not None else DecodeSettings.of(model)
     settings = base.with_overrides(**overrides)
     if settings.mode != "standard" and not model.has_feedback:
