@@ -211,3 +211,16 @@ def test_a_failing_step_fails_its_sequences_and_the_scheduler_goes_on(single_thr
         assert [e.token for e in later] == reference(model, [1, 2], seq)
     finally:
         engine.stop()
+
+
+def test_a_seeded_request_samples_what_generate_samples_with_that_seed(single_thread):
+    model = make_model(seed=4, dtype=torch.float64, max_seq_len=40)
+    request = SamplingParams(max_tokens=12, temperature=1.1, top_p=0.9, seed=21, mode="soft")
+    seq, events = collect([3, 1, 4, 1], request)
+    engine = Engine(model, max_batch=4)
+    crowd = [collect([i + 2] * 3, SamplingParams(max_tokens=8, temperature=1.0, seed=100 + i)) for i in range(2)]
+    engine.submit([seq] + [s for s, _ in crowd])
+    run_to_end(engine, [seq] + [s for s, _ in crowd])
+    sampled = generate(model, [[3, 1, 4, 1]], 12, decode=request.decode, temperature=1.1, top_p=0.9, seed=21)
+    assert [e.token for e in events] == sampled[0].tolist()
+    assert sampled[0].tolist() != generate(model, [[3, 1, 4, 1]], 12, decode=request.decode)[0].tolist()
