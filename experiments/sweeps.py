@@ -15,6 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ST_TASKS = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
+# S5 with 32 and with all 120 elements as one-character moves (experiments/state_tracking/tasks.py, S5Alphabet)
+ALPHABET_TASKS = ("s5x32", "s5x120")
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,16 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("lr1e-3_s5", "the compiled preset on S5 at peak LR 1e-3 (a lever against the instability)",
                        ("s5",), tuple(range(10, 20)), {"train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes=EXACT_MODES),
+    # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
+    # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
+    # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.
+    StateTrackingSweep("alphabet_fbt", "the preset on S5 with 32 and 120 one-token moves, graded to 8x",
+                       ALPHABET_TASKS, (10, 11, 12), test_seed=50_000, val_seed=30_000, modes=EXACT_MODES),
+    StateTrackingSweep("alphabet_lstm", "torch's LSTM on S5 with 32 and 120 one-token moves, graded to 8x",
+                       ALPHABET_TASKS, (10, 11, 12), LSTM, test_seed=50_000, val_seed=30_000, modes="standard"),
+    StateTrackingSweep("alphabet_delta4", "DeltaProduct_4 on S5 with 32 and 120 one-token moves, graded to 8x",
+                       ALPHABET_TASKS, (10, 11, 12), {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"},
+                       test_seed=50_000, val_seed=30_000, modes="standard"),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),

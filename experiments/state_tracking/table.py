@@ -43,7 +43,7 @@ def main_mode(records: list[dict]) -> str:
     """The mode a model is used in: an FBT's exact recurrence (fused:exact or fused:auto) where graded, else the one
     plain pass."""
     return modes_of(records)[-1]
-TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5")
+TASK_ORDER = ("parity", "summod", "flipflop", "cycle", "s3", "s5", "s5x32", "s5x120")
 
 
 def read_run(run: Path, task: str, seed: int, tests: dict[str, str], modes: list[str],
