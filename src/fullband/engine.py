@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fullband.architectures import LanguageModel
+from fullband.architectures import LanguageModel, ModelCache
 from fullband.decoding import DecodeSettings
 from fullband.kv_cache import KVCache
 from fullband.sampling import (
@@ -83,7 +83,7 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
-log = logging.getLogger("fullband.serve")
+log = logging.getLogger(__name__)
 
 # Padded prompt positions per prefill call: joining prompts are prefilled together up to this size (the
 # attention mask of a call grows with its square).
@@ -144,11 +144,10 @@ class Engine:
         self.model = model
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self.device = model.device
-        self.dtype = model.embed.weight.dtype
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []
-        self._cache: KVCache | None = None
+        self._cache: ModelCache | None = None  # a KV cache, or a recurrent baseline's state
         # Per-row tensors of the running batch, in the order of self._rows.
         self._logits = self._state = self._positions = self._plain = None
         self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
@@ -295,7 +294,7 @@ class Engine:
                                  [seq.params.stop_token_ids for seq in group], self.model.config.vocab_size)
         self._join(group, own, out.logits[:, -1], out.hidden[:, -1:], adjuster)
 
-    def _join(self, group: list[Sequence], prefilled: KVCache, logits: torch.Tensor, state: torch.Tensor,
+    def _join(self, group: list[Sequence], prefilled: ModelCache, logits: torch.Tensor, state: torch.Tensor,
               adjuster: BatchAdjuster) -> None:
         """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
         standard = [seq.decode.mode == "standard" for seq in group]
