@@ -117,15 +117,15 @@ def generate_stream(
     whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
     sampling, settings = request(model, max_new_tokens, sampling, decode, eos_token_id, **fields)
     ids, mask = left_pad(input_ids, attention_mask)
-    check_request(model.config, ids, sampling, LIMITS)
+    adjustments = check_request(model.config, ids, sampling, LIMITS)  # the whole batch checked once, here
     if sampling.max_tokens == 0:
         return
     rows = [row[m].tolist() for row, m in zip(ids, mask)]
     events: list[list[Event]] = [[] for _ in rows]
     sequences = [EngineSequence(row, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i),
-                                events[i].append, settings) for i, row in enumerate(rows)]
+                                events[i].append, settings, adjustments=adjustments) for i, row in enumerate(rows)]
     tokens = [0] * len(rows)
-    for step, _ in enumerate(run_engine(model, sequences, LIMITS)):
+    for step, _ in enumerate(run_engine(model, sequences, None)):
         if stats is not None and step == 0:  # the prefill is done
             stats.pop("fused_converged", None)
             stats["fused_passes"] = [seq.prefill_passes for seq in sequences]
