@@ -17,28 +17,22 @@ import yaml
 
 from fullband.architectures import FBT, ModelConfig, arch_of, config_class, config_fields, model_class
 from fullband.baselines import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig
-from fullband.data.config import DataConfig
+from fullband.data.config import DataConfig, described
 from fullband.errors import ConfigError
 from fullband.model import FullBandConfig
 from fullband.schedule import EXACT, EXACT_MODES, PASS_LOSSES, PassSchedule
 
 
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: json.loads(json.dumps(default)), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class TrainConfig:
-    seed: int = _f(0, "seed for initialisation, data order, pass-count draws, prefix mixin and jitter")
-    device: str = _f("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: str = _f("auto", "'auto' (bf16 autocast on CUDA, float32 on CPU), 'float32' or 'bfloat16'")
-    seq_len: int = _f(256, "tokens per training sequence (must be <= model.max_seq_len)")
-    batch_size: int = _f(16, "sequences per micro-batch, summed over all ranks")
-    grad_accum: int = _f(1, "micro-batches per optimizer step")
-    tokens: int = _f(2_000_000, "token budget: the run stops after ceil(tokens / tokens per step) steps")
-    schedule: Any = _f(
+    seed: int = described(0, "seed for initialisation, data order, pass-count draws, prefix mixin and jitter")
+    device: str = described("auto", "'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    dtype: str = described("auto", "'auto' (bf16 autocast on CUDA, float32 on CPU), 'float32' or 'bfloat16'")
+    seq_len: int = described(256, "tokens per training sequence (must be <= model.max_seq_len)")
+    batch_size: int = described(16, "sequences per micro-batch, summed over all ranks")
+    grad_accum: int = described(1, "micro-batches per optimizer step")
+    tokens: int = described(2_000_000, "token budget: the run stops after ceil(tokens / tokens per step) steps")
+    schedule: Any = described(
         "paper",
         "pass schedule over the fraction of the token budget: 'paper' (75% 1-pass, then K=2 w.p. 0.88 "
         "and K=3 w.p. 0.12: 75/22/3 overall), 'paper-100b' (75% 1-pass, 25% 3-pass), 'feedback-from-start' "
@@ -47,13 +41,13 @@ class TrainConfig:
         "seq_len: every document ends in the exact recurrence; isolated-document data only), or a list of phases "
         "[{until: 0.75, passes: {1: 1.0}}, ...]",
     )
-    length_curriculum: float = _f(
+    length_curriculum: float = described(
         0.0,
         "short documents first: over this fraction of the steps, batches come only from windows whose longest "
         "document fits a limit growing linearly from the shortest to the longest such document; then the shuffled "
         "epochs. 0 = off; isolated-document data only (chat, prompt_answer)",
     )
-    exact_mode: str = _f(
+    exact_mode: str = described(
         "jacobi",
         "how schedule exact computes the exact recurrence: 'jacobi' (K passes over all positions, K = the longest "
         "document) or 'sequential' (token by token with backpropagation through the steps: the FLOPs of one pass; "
@@ -61,7 +55,7 @@ class TrainConfig:
         "compile false, parallel ddp; see docs/method.md §5). Other schedules have no exact pass: there it has no "
         "effect, so a preset's baseline can override train.schedule alone",
     )
-    compile_recurrence: int = _f(
+    compile_recurrence: int = described(
         0,
         "positions of the exact recurrence's token steps per compiled call (train.exact_mode sequential): 0 = off "
         "(one kernel call per operation), 8 = the state-tracking preset; needs a sliding window on every layer and "
@@ -70,77 +64,78 @@ class TrainConfig:
         "(another schedule, or exact_mode jacobi) it has no effect, so a preset's baseline can override "
         "train.schedule or train.exact_mode alone",
     )
-    later_pass_weight: float = _f(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
-    pass_loss: str = _f(
+    later_pass_weight: float = described(1.0, "λ in L = L1 + λ·mean(L2..LK) (Eq. 12)")
+    pass_loss: str = described(
         "paper",
         "which passes carry the loss: 'paper' (Eq. 12, L1 + λ·mean(L2..LK)), 'last' (LK only: with schedule "
         "exact, the exact recurrence) or 'paper+last' (Eq. 12 + LK); the last two are beyond the paper",
     )
-    prefix_mixin: float = _f(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
-    detach_passes: bool = _f(
+    prefix_mixin: float = described(1.0, "later passes keep a prefix p ~ U[0, f·T) of each sequence plain; 0 = off")
+    detach_passes: bool = described(
         False,
         "detach the fed-back states between passes; each pass is then backpropagated as soon as it ends, "
         "so activations of one pass are held, not K (single process; not the paper's default)",
     )
-    grad_passes: int = _f(
+    grad_passes: int = described(
         0,
         "backpropagate through the last N passes of a step only, the earlier ones run without a graph "
         "(T2MLR-style: K up to the sequence length at the memory of N passes); 0 = all passes",
     )
-    optimizer: str = _f("adamw", "'adamw', or 'muon' (torch.optim.Muon for 2-D hidden matrices, AdamW for the rest)")
-    lr: float = _f(3e-3, "peak learning rate (AdamW)")
-    muon_lr: float = _f(2e-2, "peak learning rate of Muon for matrix parameters")
-    weight_decay: float = _f(0.1, "decoupled weight decay on matrix parameters")
-    beta1: float = _f(0.9, "AdamW beta1")
-    beta2: float = _f(0.95, "AdamW beta2")
-    adam_eps: float = _f(
+    optimizer: str = described(
+        "adamw", "'adamw', or 'muon' (torch.optim.Muon for 2-D hidden matrices, AdamW for the rest)")
+    lr: float = described(3e-3, "peak learning rate (AdamW)")
+    muon_lr: float = described(2e-2, "peak learning rate of Muon for matrix parameters")
+    weight_decay: float = described(0.1, "decoupled weight decay on matrix parameters")
+    beta1: float = described(0.9, "AdamW beta1")
+    beta2: float = described(0.95, "AdamW beta2")
+    adam_eps: float = described(
         1e-8,
         "AdamW epsilon. At a loss near 0 the gradients shrink below it only if it is large enough; with a tiny "
         "epsilon Adam still takes full-size steps on their noise",
     )
-    lr_schedule: str = _f("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
-    warmup_steps: int = _f(20, "linear warmup steps")
-    decay_fraction: float = _f(0.25, "wsd: the last fraction of steps decays linearly to min_lr_ratio·lr")
-    min_lr_ratio: float = _f(0.0, "final learning rate as a fraction of the peak")
-    grad_clip: float = _f(1.0, "clip the global gradient norm to this value; 0 = off")
-    z_loss: float = _f(0.0, "z-loss coefficient (the paper: 1e-5 in the cooldown)")
-    z_loss_cooldown_only: bool = _f(True, "apply z-loss only in the wsd decay phase, as the paper does")
-    compile: bool = _f(False, "torch.compile the model")
-    activation_checkpointing: str = _f(
+    lr_schedule: str = described("wsd", "'wsd' (warmup-stable-decay), 'cosine' or 'constant' (after warmup)")
+    warmup_steps: int = described(20, "linear warmup steps")
+    decay_fraction: float = described(0.25, "wsd: the last fraction of steps decays linearly to min_lr_ratio·lr")
+    min_lr_ratio: float = described(0.0, "final learning rate as a fraction of the peak")
+    grad_clip: float = described(1.0, "clip the global gradient norm to this value; 0 = off")
+    z_loss: float = described(0.0, "z-loss coefficient (the paper: 1e-5 in the cooldown)")
+    z_loss_cooldown_only: bool = described(True, "apply z-loss only in the wsd decay phase, as the paper does")
+    compile: bool = described(False, "torch.compile the model")
+    activation_checkpointing: str = described(
         "none",
         "recompute transformer blocks in the backward instead of keeping their activations: 'none', 'full' (every "
         "block: activations of ~one block per pass plus each block's input, for ~one more forward of compute) or "
         "'selective:N' (every N-th block, torchtitan's layer-selective AC); results are unchanged",
     )
-    parallel: str = _f("ddp", "under torchrun with several processes: 'ddp' or 'fsdp' (FSDP2 fully_shard)")
-    log_every: int = _f(10, "print a progress line every N steps (metrics.jsonl gets every step)")
-    progress: bool = _f(True, "show a progress bar")
-    tensorboard: bool = _f(False, "also write TensorBoard events to OUT_DIR/tensorboard")
-    wandb: dict = _f(
+    parallel: str = described("ddp", "under torchrun with several processes: 'ddp' or 'fsdp' (FSDP2 fully_shard)")
+    log_every: int = described(10, "print a progress line every N steps (metrics.jsonl gets every step)")
+    progress: bool = described(True, "show a progress bar")
+    tensorboard: bool = described(False, "also write TensorBoard events to OUT_DIR/tensorboard")
+    wandb: dict = described(
         {},
         "also log to Weights & Biases (rank 0; what metrics.jsonl, eval.jsonl and TensorBoard get, and this config): "
         "{project: P, name: N, tags: [T, ...]}, name default OUT_DIR's name; offline in OUT_DIR/wandb (wandb sync "
         "uploads it) unless WANDB_API_KEY or WANDB_MODE is set; {} = off. Needs fullband[track]",
     )
-    eval_every: int = _f(0, "evaluate on the validation split every N steps (0 = only at the end)")
-    ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = only at the end)")
-    keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
-    checkpoint_format: str = _f(
+    eval_every: int = described(0, "evaluate on the validation split every N steps (0 = only at the end)")
+    ckpt_every: int = described(0, "write a checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = described(2, "how many most recent checkpoints to keep")
+    checkpoint_format: str = described(
         "auto",
         "'dcp': every rank writes its own shards of the weights and optimizer state (torch.distributed.checkpoint, "
         "no gather; resumable at another world size); 'full': rank 0 gathers them into model.safetensors + "
         "optimizer.pt; 'auto': dcp when parallel is fsdp, else full",
     )
-    keep_best: str = _f(
+    keep_best: str = described(
         "",
         "keep the model of the lowest validation loss of this name ('standard', 'fused(N)' or 'sequential') in "
         "OUT_DIR/best (needs eval_every; the last one on ties); '' = off",
     )
-    max_bad_steps: int = _f(5, "stop after this many consecutive steps with a NaN/inf loss")
-    stop_after_steps: int = _f(
+    max_bad_steps: int = described(5, "stop after this many consecutive steps with a NaN/inf loss")
+    stop_after_steps: int = described(
         0, "stop (with a checkpoint) after this many steps in this invocation; 0 = run to the end"
     )
-    init_fusion: str = _f(
+    init_fusion: str = described(
         "auto",
         "with --init-from: 'keep' the source's fusion weights (fine-tuning an FBT), 'reset' them (mid-training a "
         "standard model), or 'auto' (keep them if the source's run trained with feedback)",
@@ -149,13 +144,13 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    batches: int = _f(8, "validation batches per evaluation")
-    batch_size: int = _f(8, "sequences per validation batch")
-    fused_passes: int = _f(3, "report fused(1..n): validation loss after n extra fused passes (model.arch fbt; "
+    batches: int = described(8, "validation batches per evaluation")
+    batch_size: int = described(8, "sequences per validation batch")
+    fused_passes: int = described(3, "report fused(1..n): validation loss after n extra fused passes (model.arch fbt; "
                               "the recurrent baselines report standard only)")
-    sequential: bool = _f(True, "also report the exact sequential recurrence (what soft decoding computes; "
+    sequential: bool = described(True, "also report the exact sequential recurrence (what soft decoding computes; "
                                 "model.arch fbt)")
-    at_start: bool = _f(
+    at_start: bool = described(
         False, "also evaluate before the first step (step 0 in eval.jsonl): where a mid-training run starts from"
     )
 
@@ -329,93 +324,65 @@ def checkpoint_interval(setting: str) -> int:
                       "(N >= 1: checkpoint every N-th transformer block)")
 
 
-def _type_of(cls: type, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
-
-
 # PyYAML reads an unquoted 1e6 or 3e-3 as a string (YAML 1.1 wants a dot in floats): accept those in YAML.
 _YAML_EXPONENT_NUMBER = re.compile(r"[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+")
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+             dict: "a mapping (JSON on the command line)"}
+_BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False,
+                  "off": False}
 
 
 def coerce(value: Any, annotation: Any, where: str, from_cli: bool = True) -> Any:
     """Convert a command-line string (``from_cli``) or check a YAML value against a field's annotated type.
     YAML values are not converted from strings: ``seq_len: "32"`` is an error, as is ``tokens: abc``."""
-    if not from_cli and isinstance(value, str) and annotation in (int, float, bool):
-        if annotation is bool or not _YAML_EXPONENT_NUMBER.fullmatch(value.strip()):
-            kind = {int: "an integer", float: "a number", bool: "true or false"}[annotation]
-            raise ConfigError(f"{where} expects {kind}, got the string {value!r} (write it unquoted in YAML)")
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         options = typing.get_args(annotation)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in options:
-                return None
+        if type(None) in options and (value is None or str(value).lower() in ("none", "null")):
+            return None
         errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option in (option for option in options if option is not type(None)):
             try:
                 return coerce(value, option, where, from_cli)
             except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: cannot be {value!r}")
-    if annotation is Any:
-        if isinstance(value, str) and value[:1] in "[{":
-            return _parse_json(value, where)
+                errors.append(exc)
+        raise errors[0]
+    kind = typing.get_origin(annotation) or annotation  # dict[str, Any] -> dict
+    if isinstance(value, str) and kind is not str:
+        value = _from_string(value, kind, where, from_cli)
+    if kind is Any or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
         return value
-    if origin is dict or annotation is dict:
-        if isinstance(value, str):
-            value = _parse_json(value, where)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} expects a mapping (JSON on the command line), got {value!r}")
-        return value
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{where} expects true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where} expects an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                number = float(value.replace("_", ""))
-            except ValueError:
-                number = None
-            if number is not None and number.is_integer():
-                return int(number)
-        raise ConfigError(f"{where} expects an integer, got {value!r}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where} expects a number, got {value!r}")
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} expects a string, got {value!r}")
-        return value
-    return value
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    raise ConfigError(f"{where} expects {_EXPECTED[kind]}, got {value!r}")
 
 
-def _parse_json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+def _from_string(text: str, kind: Any, where: str, from_cli: bool) -> Any:
+    """A string's value for a field of type ``kind``, or the string itself where it has none (coerce refuses it)."""
+    yaml_number = kind in (int, float) and _YAML_EXPONENT_NUMBER.fullmatch(text.strip())
+    if not from_cli and kind in (int, float, bool) and not yaml_number:
+        raise ConfigError(f"{where} expects {_EXPECTED[kind]}, got the string {text!r} (write it unquoted in YAML)")
+    if kind is bool:
+        return _BOOLEAN_WORDS.get(text.lower(), text)
+    if kind in (int, float):
         try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            reason = " ".join(str(exc).split())  # PyYAML's message spans several lines
-            raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({reason})") from None
-
+            number = float(text.replace("_", ""))
+        except ValueError:
+            return text
+        if kind is float:
+            return number
+        return int(number) if number.is_integer() else text
+    if kind is dict or (kind is Any and text[:1] in "[{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                return yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                reason = " ".join(str(exc).split())  # PyYAML's message spans several lines
+                raise ConfigError(f"{where}: cannot parse {text!r} as JSON or YAML ({reason})") from None
+    return text
 
 def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, source: str = "config") -> RunConfig:
     """Build a RunConfig from nested dict values (a YAML file) plus ``section.field`` string overrides.
@@ -444,15 +411,15 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         given = values[section]
         if section == "model":
             cls, given = _model_section(given, (raw.get("model") or {}).get("arch", FBT), source)
-        known = {f.name for f in dataclasses.fields(cls)}
+        hints = typing.get_type_hints(cls)
         kwargs = {}
         for key, (value, from_cli) in given.items():
             if f"{section}.{key}" in REMOVED_OPTIONS:
                 where = f"--{section}.{key}" if from_cli else f"{source}: {section}.{key}"
                 raise ConfigError(f"{where}: this option was removed from fullband; leave it out")
-            if key not in known:
-                raise ConfigError(_unknown_field(section, key, known, from_cli, source))
-            kwargs[key] = coerce(value, _type_of(cls, key), f"{section}.{key}", from_cli)
+            if key not in hints:
+                raise ConfigError(_unknown_field(section, key, set(hints), from_cli, source))
+            kwargs[key] = coerce(value, hints[key], f"{section}.{key}", from_cli)
         try:
             built[section] = cls(**kwargs)
         except ConfigError:
@@ -500,33 +467,27 @@ def _unknown_field(section: str, key: str, known: set[str], from_cli: bool, sour
 def read_sections(path: str | Path) -> dict[str, Any]:
     """A YAML config file's top-level mapping (of sections), or ConfigError saying what is wrong with it."""
     path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    except OSError as exc:
         raise ConfigError(f"cannot read the config {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        raise ConfigError(f"{path}: the top level must be a mapping of sections ({', '.join(SECTIONS)})")
     return raw
 
 
 def load_config(path: str | Path | None, overrides: dict[str, str] | None = None) -> RunConfig:
-    raw: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; see configs/ for examples")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    return build_config(raw, overrides, source=str(path) if path else "config")
+    return build_config(read_sections(path) if path is not None else {}, overrides, str(path or "config"))
 
 
 def field_help(cls: type, name: str) -> str:
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return f.metadata.get("help", MODEL_HELP.get(name, DATA_HELP.get(name, "")))
-    return ""
+    """A config field's help text: its metadata's, or MODEL_HELP's for the fields of the model configs (declared
+    without help in fullband.model and fullband.baselines)."""
+    return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help") or MODEL_HELP.get(name, "")
 
 
 def section_fields(section: str) -> list[tuple[type, dataclasses.Field, Any]]:
@@ -571,21 +532,3 @@ MODEL_HELP = {
     **BASELINE_FIELD_HELP,
 }
 
-
-# DataConfig (fullband.data.config) documents its fields in its docstring; the CLI's help reads them here.
-DATA_HELP = {
-    "source": "'pystdlib', 'synthetic:<task>', comma-separated paths/globs of .txt/.jsonl/.parquet files or "
-              "directories (a datasets save_to_disk directory too), or 'hf:<name>[:<config>]'",
-    "text_field": "the field/column holding the text in .jsonl, .parquet and datasets sources",
-    "tokenizer": "'byte', 'bpe' (trained on the training text) or a local Hugging Face tokenizer directory",
-    "bpe_vocab_size": "vocabulary size of the 'bpe' tokenizer",
-    "val_fraction": "share of documents held out for validation (by a hash of the document id)",
-    "max_train_bytes": "use at most this many bytes of training text (None = all), in the corpus' fixed order",
-    "synthetic_train_examples": "training examples of a synthetic:<task> source",
-    "synthetic_val_examples": "validation examples of a synthetic:<task> source",
-    "seed": "seed of the synthetic data generator",
-    "format": "record format: text, chat (OpenAI `messages`, loss on assistant turns), prompt_answer (loss on "
-              "the answer) or auto (chat if the first record has `messages`, prompt_answer if it has `prompt` "
-              "and `answer`, else text)",
-    "isolate_documents": "packed documents do not attend to each other; None = true for chat/prompt_answer",
-}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fullband.data.synthetic import get_task
@@ -24,36 +25,49 @@ _FIELD_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "int | None
 RECORD_FORMATS = ("auto", "text", "chat", "prompt_answer")
 
 
+def described(default: Any, help: str) -> Any:
+    """A dataclass field with its help text (``fullband train --help`` shows it); a list or dict default is
+    copied for each instance."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class DataConfig:
-    """Where the text comes from and how it becomes tokens.
+    """Where the text comes from and how it becomes tokens."""
 
-    source: "pystdlib" (the Python standard library of this interpreter), "synthetic:<task>", one or
-        more comma-separated paths/globs of .txt/.jsonl/.jsonl.gz/.jsonl.zst/.parquet files or directories
-        (a directory written by `datasets`' save_to_disk is loaded as such), or "hf:<name>[:<config>]".
-    text_field: the field/column holding the text in .jsonl, .parquet and `datasets` sources.
-    tokenizer: "byte", "bpe" (trained on the training text) or a local Hugging Face tokenizer dir.
-    max_train_bytes: use at most this many bytes of training text (and a proportional amount of
-        validation text); documents are taken in their fixed order, so the cap is deterministic.
-    format: "text", "chat" (records with `messages`: [{"role": "system"|"user"|"assistant", "content": ...}],
-        loss on assistant turns including their end-of-turn token), "prompt_answer" (records with `prompt`
-        and `answer`, loss on the answer and the end-of-document token) or "auto": chat if the first record
-        has `messages`, prompt_answer if it has `prompt` and `answer`, else text (synthetic tasks: text).
-    isolate_documents: packed documents do not attend to each other (block-diagonal causal mask, positions
-        restarting per document); None = true for chat and prompt_answer, false for text.
-    """
-
-    source: str = "pystdlib"
-    text_field: str = "text"
-    tokenizer: str = "byte"
-    bpe_vocab_size: int = 2048
-    val_fraction: float = 0.05
-    max_train_bytes: int | None = None
-    synthetic_train_examples: int = 20000
-    synthetic_val_examples: int = 500
-    seed: int = 0
-    format: str = "auto"
-    isolate_documents: bool | None = None
+    source: str = described(
+        "pystdlib",
+        "'pystdlib' (the Python standard library of this interpreter), 'synthetic:<task>', comma-separated "
+        "paths/globs of .txt/.jsonl/.jsonl.gz/.jsonl.zst/.parquet files or directories (a directory written by "
+        "datasets' save_to_disk is loaded as such), or 'hf:<name>[:<config>]'",
+    )
+    text_field: str = described("text", "the field/column holding the text in .jsonl, .parquet and datasets sources")
+    tokenizer: str = described(
+        "byte", "'byte', 'bpe' (trained on the training text) or a local Hugging Face tokenizer directory")
+    bpe_vocab_size: int = described(2048, "vocabulary size of the 'bpe' tokenizer")
+    val_fraction: float = described(0.05, "share of documents held out for validation (by a hash of the document id)")
+    max_train_bytes: int | None = described(
+        None,
+        "use at most this many bytes of training text (and a proportional amount of validation text; None = all); "
+        "documents are taken in their fixed order, so the cap is deterministic",
+    )
+    synthetic_train_examples: int = described(20000, "training examples of a synthetic:<task> source")
+    synthetic_val_examples: int = described(500, "validation examples of a synthetic:<task> source")
+    seed: int = described(0, "seed of the synthetic data generator")
+    format: str = described(
+        "auto",
+        "record format: 'text', 'chat' (records with `messages`: [{role: system|user|assistant, content: ...}], "
+        "loss on assistant turns including their end-of-turn token), 'prompt_answer' (records with `prompt` and "
+        "`answer`, loss on the answer and the end-of-document token) or 'auto': chat if the first record has "
+        "`messages`, prompt_answer if it has `prompt` and `answer`, else text (synthetic tasks: text)",
+    )
+    isolate_documents: bool | None = described(
+        None,
+        "packed documents do not attend to each other (block-diagonal causal mask, positions restarting per "
+        "document); None = true for chat and prompt_answer, false for text",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
