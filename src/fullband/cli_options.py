@@ -5,34 +5,46 @@ import the ``fullband`` command itself."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import typing
 from collections.abc import Iterable
 from typing import Any
 
-from fullband.config import SECTIONS, field_help, section_fields
+from fullband.architectures import FBT
+from fullband.config import MODEL_CONFIGS, SECTIONS, field_help
 from fullband.loading import PRESET_DIR
 from fullband.sampling import SamplingParams
 
-
-def _type_name(annotation: Any) -> str:
-    text = str(annotation).replace("typing.", "")
-    return {"<class 'int'>": "INT", "<class 'float'>": "FLOAT", "<class 'str'>": "STR",
-            "<class 'bool'>": "BOOL", "<class 'dict'>": "YAML_MAPPING"}.get(text, text.upper())
+METAVARS = {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL", dict: "YAML_MAPPING"}
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="YAML config file, or a preset name: "
                         + ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))))
-    hints: dict[type, dict[str, Any]] = {}
-    for section in SECTIONS:
-        group = parser.add_argument_group(f"{section} options")
-        for owner, f, default in section_fields(section):
-            if owner not in hints:
-                hints[owner] = typing.get_type_hints(owner)
+    for section, cls in SECTIONS.items():
+        # The model section's options: the fields of every model kind's config (model.arch defaults to the FBT).
+        classes, defaults = (MODEL_CONFIGS, {"arch": FBT}) if section == "model" else ((cls,), None)
+        add_field_options(parser.add_argument_group(f"{section} options"), section, classes, defaults)
+
+
+def add_field_options(group: argparse._ArgumentGroup, section: str, classes: Iterable[type],
+                      defaults: dict[str, Any] | None = None) -> None:
+    """``--section.field VALUE`` for the fields of the config dataclasses ``classes`` (the first's where several
+    share a name), with their help and defaults (``defaults`` replacing some). The value is a string, checked and
+    converted when the config is built (``fullband.config.coerce``)."""
+    seen = set()
+    for cls in classes:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in seen:
+                continue
+            seen.add(f.name)
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = (defaults or {}).get(f.name, default)
             group.add_argument(
                 f"--{section}.{f.name}", dest=f"{section}.{f.name}", default=argparse.SUPPRESS,
-                metavar=_type_name(hints[owner][f.name]),
-                help=f"{field_help(owner, f.name)} (default: {default!r})".replace("%", "%%"),
+                metavar=METAVARS.get(hints[f.name], str(hints[f.name]).replace("typing.", "").upper()),
+                help=f"{field_help(cls, f.name)} (default: {default!r})".replace("%", "%%"),
             )
 
 

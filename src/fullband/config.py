@@ -490,18 +490,6 @@ def field_help(cls: type, name: str) -> str:
     return {f.name: f for f in dataclasses.fields(cls)}[name].metadata.get("help") or MODEL_HELP.get(name, "")
 
 
-def section_fields(section: str) -> list[tuple[type, dataclasses.Field, Any]]:
-    """The fields a section's options can set, with the class of each and its default: for the model section,
-    those of every model kind's config (the transformer's first; model.arch defaults to it)."""
-    classes = MODEL_CONFIGS if section == "model" else (SECTIONS[section],)
-    seen: dict[str, tuple[type, dataclasses.Field, Any]] = {}
-    for cls in classes:
-        for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            seen.setdefault(f.name, (cls, f, FBT if (section, f.name) == ("model", "arch") else default))
-    return list(seen.values())
-
-
 MODEL_HELP = {
     "vocab_size": "vocabulary size (training sets it from the tokenizer)",
     "d_model": "width of the residual stream",

@@ -7,15 +7,12 @@ Options are the fields of ``fullband.rl.trainer.RLConfig``, from ``--config FILE
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from pathlib import Path
 
+from fullband.cli_options import add_field_options
 from fullband.config import read_sections
 from fullband.errors import ConfigError
-from fullband.rl.trainer import RLConfig, build_rl_config, resumed_config, rl_fields, run_rl
-
-METAVARS = {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL", dict: "YAML_MAPPING"}
+from fullband.rl.trainer import RLConfig, build_rl_config, resumed_config, run_rl
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,13 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--config", metavar="FILE", help="YAML file with a section rl: {field: value}")
     p.add_argument("--out-dir", required=True, metavar="DIR", help="run directory: config, checkpoints, metrics")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in OUT_DIR")
-    group = p.add_argument_group("rl options")
-    hints = typing.get_type_hints(RLConfig)
-    for f in rl_fields():
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        group.add_argument(f"--rl.{f.name}", dest=f"rl.{f.name}", default=argparse.SUPPRESS,
-                           metavar=METAVARS.get(hints[f.name], "VALUE"),
-                           help=f"{f.metadata['help']} (default: {default!r})".replace("%", "%%"))
+    add_field_options(p.add_argument_group("rl options"), "rl", [RLConfig])
     p.set_defaults(func=run)
     return p
 
