@@ -11,10 +11,15 @@ import argparse
 import sys
 from collections.abc import Iterable
 
-from fullband.cli_options import add_decode_options, add_sampling_field_options, decode_overrides, sampling_params
+from fullband.cli_options import (
+    add_decode_options,
+    add_sampling_options,
+    decode_overrides,
+    sampling_params,
+    write_answer,
+)
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.decoding import DecodeSettings
-from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import load_model
@@ -27,11 +32,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                    help="a user turn (repeat for several); without it, read turns from the terminal")
     p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
     add_decode_options(p, "fullband chat")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="longest answer in tokens (default: 200)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--seed", type=int, help="sampling seed")
-    add_sampling_field_options(p)
+    add_sampling_options(p, "longest answer in tokens (default: 200)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.set_defaults(func=run)
     return p
@@ -52,7 +53,6 @@ def _user_turns(args: argparse.Namespace) -> Iterable[str]:
 
 
 def run(args: argparse.Namespace) -> None:
-
     model, tokenizer = load_model(args.model, args.device)
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
@@ -67,14 +67,7 @@ def run(args: argparse.Namespace) -> None:
             raise FullbandError(f"the conversation is {len(prompt)} tokens, the model's max_seq_len is "
                                 f"{model.config.max_seq_len}: start a new conversation")
         stream = generate_stream(model, [prompt], min(args.max_new_tokens, room), sampling=sampling, decode=decode)
-        answer = StreamingDetokenizer(tokenizer)
         if args.message:  # echo scripted turns, so the transcript reads like the interactive one
             sys.stdout.write(f"you> {turn}\n")
         sys.stdout.write("assistant> ")
-        for token in stream:
-            if int(token[0]) in stop:
-                break
-            sys.stdout.write(answer.add(int(token[0])))
-            sys.stdout.flush()
-        sys.stdout.write(answer.flush() + "\n")
-        messages.append({"role": "assistant", "content": answer.text})
+        messages.append({"role": "assistant", "content": write_answer(stream, tokenizer, stop)})

@@ -17,15 +17,15 @@ from fullband.bench import cli as bench_cli
 from fullband.cli_options import (
     add_config_options,
     add_decode_options,
-    add_sampling_field_options,
+    add_sampling_options,
     add_validation_data_options,
     decode_overrides,
     sampling_params,
+    write_answer,
 )
 from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
 from fullband.decoding import DecodeSettings
-from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import FullbandError
 from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
@@ -49,7 +49,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def cmd_prepare(args: argparse.Namespace) -> None:
-
     config = config_from_args(args)
     # Progress of a long prepare (work units tokenized or kept on resume, splits written) on stderr.
     handler = logging.StreamHandler(sys.stderr)
@@ -67,7 +66,6 @@ def cmd_prepare(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-
     saved = Path(args.out_dir) / "config.yaml"
     if args.resume and args.config is None and saved.is_file():
         args.config = str(saved)  # resume with the run's own config; --section.field overrides still apply
@@ -82,7 +80,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-
     model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
@@ -108,26 +105,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
             f"fused_tol {settings.fused_tol:g}: fused({settings.fused_max_passes}), not the converged prefill)")
         print(f"adaptive fused prefill: {stats['fused_passes'][0]} fused passes{cut}", file=sys.stderr)
     sys.stdout.write(args.prompt)
-    answer = StreamingDetokenizer(tokenizer)
-    for token in itertools.chain([first] if first is not None else [], stream):
-        token_id = int(token[0])
-        if token_id in ends:
-            break
-        piece = answer.add(token_id)
-        if args.stream and piece:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    rest = answer.flush()
-    sys.stdout.write((rest if args.stream else answer.text) + "\n")  # without --stream, all of it at the end
+    write_answer(itertools.chain([first] if first is not None else [], stream), tokenizer, ends, args.stream)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
-
     run_demo(Path(args.out_dir), quick=args.quick)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
-
     out = convert_from_hf(args.from_hf, args.out, gguf_file=args.gguf_file)
     print(f"wrote {out}")
     # Say it where the user looks: the weights are the pretrained model's, the fusion is not trained.
@@ -140,7 +125,6 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_consolidate(args: argparse.Namespace) -> None:
-
     print(f"wrote {consolidate(args.checkpoint, args.out)}")
 
 
@@ -150,7 +134,6 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_export_hf(args: argparse.Namespace) -> None:
-
     print(f"wrote {export_hf(args.checkpoint, args.out, **decode_overrides(args))}")
 
 
@@ -192,12 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run directory, checkpoint or model directory")
     p.add_argument("--prompt", required=True, help="prompt text")
     add_decode_options(p, "fullband generate")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="default: 200")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
-    p.add_argument("--seed", type=int, help="sampling seed")
-    add_sampling_field_options(p)
+    add_sampling_options(p, "default: 200")
     p.add_argument("--stream", action="store_true", help="print tokens as they are produced")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
     p.set_defaults(func=cmd_generate)
@@ -231,19 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="run directory (every checkpoint and best/) or one checkpoint")
     p.set_defaults(func=cmd_verify)
 
-    lm_eval_cli.add_parser(sub)
-    jacobi.add_parser(sub)
-
-
-    bench_cli.add_parser(sub)
-
-    probe.add_parser(sub)
-
-    serve_cli.add_parser(sub)
-
-    sft.add_parser(sub)
-    rl_cli.add_parser(sub)
-    chat_cli.add_parser(sub)
+    for module in (lm_eval_cli, jacobi, bench_cli, probe, serve_cli, sft, rl_cli, chat_cli):
+        module.add_parser(sub)
     for subparser in sub.choices.values():
         subparser.allow_abbrev = False  # --train.token must not silently mean --train.tokens
     return parser

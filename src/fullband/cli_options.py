@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from collections.abc import Iterable
 from typing import Any
 
+import torch
+
 from fullband.architectures import FBT
 from fullband.config import MODEL_CONFIGS, SECTIONS, field_help
+from fullband.data import Tokenizer
+from fullband.detokenize import StreamingDetokenizer
 from fullband.loading import PRESET_DIR
 from fullband.sampling import SamplingParams
 
@@ -97,8 +102,14 @@ def _logit_bias_entry(text: str) -> tuple[int, float]:
         raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 50256=-100), got {text!r}") from None
 
 
-def add_sampling_field_options(parser: argparse.ArgumentParser) -> None:
-    """The OpenAI and vLLM sampling fields (``fullband.sampling``), applied as ``fullband serve`` applies them."""
+def add_sampling_options(parser: argparse.ArgumentParser, max_new_tokens_help: str) -> None:
+    """The sampling flags of ``fullband generate`` and ``chat``, and the OpenAI and vLLM sampling fields
+    (``fullband.sampling``), applied as ``fullband serve`` applies them."""
+    parser.add_argument("--max-new-tokens", type=int, default=200, help=max_new_tokens_help)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
+    parser.add_argument("--seed", type=int, help="sampling seed")
     group = parser.add_argument_group("sampling fields", "adjust the logits before a token is chosen (greedy too), "
                                       "as the OpenAI and vLLM fields of the same names")
     group.add_argument("--logit-bias", action="append", type=_logit_bias_entry, metavar="TOKEN_ID=BIAS",
@@ -117,15 +128,31 @@ def add_sampling_field_options(parser: argparse.ArgumentParser) -> None:
 
 
 def sampling_params(args: argparse.Namespace, max_tokens: int, end_ids: Iterable[int] = ()) -> SamplingParams:
-    """The request of a command's sampling flags (``--temperature``, ``--top-k``, ``--top-p``, ``--seed`` and those
-    of ``add_sampling_field_options``), ending also at ``end_ids`` (the tokenizer's end tokens)."""
+    """The request of a command's sampling flags (``add_sampling_options``), ending also at ``end_ids`` (the
+    tokenizer's end tokens)."""
     bias: dict[int, float] = {}
     for token, value in args.logit_bias or []:
         if token in bias:
             raise ValueError(f"--logit-bias names token {token} twice")
         bias[token] = value
-    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=getattr(args, "top_k", None),
+    return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, logit_bias=bias, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty, repetition_penalty=args.repetition_penalty,
                           min_tokens=args.min_tokens,
                           stop_token_ids=tuple(dict.fromkeys([*end_ids, *(args.stop_token_ids or ())])))
+
+
+def write_answer(tokens: Iterable[torch.Tensor], tokenizer: Tokenizer, ends: set[int], stream: bool = True) -> str:
+    """Write the text of generated tokens (rows of one sequence) up to the first of ``ends``, as it comes (``stream``)
+    or all of it at the end, then a newline; return the text."""
+    answer = StreamingDetokenizer(tokenizer)
+    for token in tokens:
+        if int(token[0]) in ends:
+            break
+        piece = answer.add(int(token[0]))
+        if stream and piece:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    rest = answer.flush()
+    sys.stdout.write((rest if stream else answer.text) + "\n")
+    return answer.text

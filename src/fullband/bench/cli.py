@@ -79,7 +79,6 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> None:
-
     if args.modes is not None:
         parse_modes(args.modes)  # a bad mode fails before the model is loaded
     temperatures = parse_temperatures(args.temperatures)

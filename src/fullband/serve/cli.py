@@ -42,7 +42,6 @@ def run(args: argparse.Namespace) -> None:
         raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
     import torch
 
-
     if args.max_batch < 1 or args.max_queue < 0:
         raise FullbandError("--max-batch must be >= 1, --max-queue >= 0")
     DecodeSettings().with_overrides(**decode_overrides(args))  # a bad value fails before the model is loaded
