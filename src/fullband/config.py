@@ -215,8 +215,7 @@ class RunConfig:
             raise ConfigError(f"train.adam_eps={t.adam_eps} must be > 0 (AdamW divides by sqrt(v) + eps)")
         if t.grad_passes < 0:
             raise ConfigError(f"train.grad_passes={t.grad_passes} must be >= 0 (0: backpropagate through all passes)")
-        if isinstance(t.compile_recurrence, bool) or not isinstance(t.compile_recurrence, int) or (
-                t.compile_recurrence < 0):
+        if t.compile_recurrence < 0:  # build_config has checked that it is an integer
             raise ConfigError(f"train.compile_recurrence={t.compile_recurrence!r} must be an integer >= 0 (positions "
                               "per compiled call of the token steps; 0 = off)")
         if not 0 <= t.decay_fraction <= 1 or not 0 <= t.prefix_mixin <= 1:
@@ -398,8 +397,7 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
             continue
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: section {section!r} must be a mapping of field: value")
-        for key, value in body.items():
-            values[section][key] = (value, False)
+        values[section] = {key: (value, False) for key, value in body.items()}
     for dotted, text in (overrides or {}).items():
         section, _, key = dotted.partition(".")
         if section not in SECTIONS or not key:
