@@ -1,6 +1,7 @@
-"""Command-line options derived from the config dataclasses (``--section.field VALUE``), shared by the
-commands that take a run config (``fullband prepare``, ``train``, ``sft``), so that their modules do not
-import the ``fullband`` command itself."""
+"""Command-line options shared by several commands, so that their modules do not import the ``fullband`` command
+itself: those derived from the config dataclasses (``--section.field VALUE``: ``fullband prepare``, ``train``,
+``sft``, ``rl``), the held-out data, decode and sampling options, and the streamed answer of ``generate`` and
+``chat``."""
 
 from __future__ import annotations
 

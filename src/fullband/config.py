@@ -331,6 +331,8 @@ _BOOLEAN_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": Fal
                   "off": False}
 
 
+# Not jsonargparse's typed parsing (4.53 tried): it turns YAML's seq_len: "32" into 32, refuses 1e5 for an integer and
+# none for an optional one on the command line, and its errors name no close field for a misspelt one.
 def coerce(value: Any, annotation: Any, where: str, from_cli: bool = True) -> Any:
     """Convert a command-line string (``from_cli``) or check a YAML value against a field's annotated type.
     YAML values are not converted from strings: ``seq_len: "32"`` is an error, as is ``tokens: abc``."""
