@@ -83,14 +83,12 @@ def run(args: argparse.Namespace) -> None:
         parse_modes(args.modes)  # a bad mode fails before the model is loaded
     temperatures = parse_temperatures(args.temperatures)
     ks = _ints(args.k, "--k")
-    if args.samples < 1:
-        raise ConfigError(f"--samples must be >= 1, got {args.samples}")
-    if ks[-1] > args.samples and any(t > 0 for t in temperatures):
-        raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
-    for name in ("limit", "max_new_tokens", "batch_size", "workers"):
+    for name in ("samples", "limit", "max_new_tokens", "batch_size", "workers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if ks[-1] > args.samples and any(t > 0 for t in temperatures):
+        raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
     recorded = run_data_settings(run_dir_of(args.model))
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
