@@ -29,6 +29,7 @@ is truncated from the left.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -202,14 +203,10 @@ class FullbandLM(TemplateLM):
                 f"max_gen_toks={max_gen_toks} leaves no room for a context in max_length={self.max_length}: "
                 "use a model with a longer context or ask for fewer tokens"
             )
-        temperature = float(gen_kwargs.get("temperature", 0.0) or 0.0)
-        do_sample = gen_kwargs.get("do_sample")
-        if do_sample is None:
-            do_sample = temperature > 0
-        if not do_sample:
-            temperature = 0.0
-        elif temperature == 0.0:
-            temperature = 1.0  # do_sample without a temperature: sample from the model's distribution
+        temperature = float(gen_kwargs.get("temperature") or 0.0)
+        # Without do_sample, a temperature above 0 samples; do_sample without one samples the model's distribution.
+        if (do_sample := gen_kwargs.get("do_sample")) is not None:
+            temperature = (temperature or 1.0) if do_sample else 0.0
         sampling = SamplingParams(max_tokens=max_gen_toks, temperature=temperature, top_k=gen_kwargs.get("top_k"),
                                   top_p=gen_kwargs.get("top_p"), stop_token_ids=(self.tokenizer_fb.eos_id,))
         return until, max_gen_toks, sampling
@@ -240,8 +237,6 @@ class FullbandLM(TemplateLM):
 
 def lm_eval_main(argv: list[str]) -> None:
     """Run lm-eval's own command line (``lm-eval``) with ``argv``, the fullband model registered."""
-    import sys
-
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv

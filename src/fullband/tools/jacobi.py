@@ -21,12 +21,15 @@ import torch
 import torch.nn.functional as F
 
 from fullband.architectures import refuse_arch
+from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.cli_options import add_validation_data_options
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
 from fullband.generation import sequential_forward
 from fullband.loading import load_model_and_data
 from fullband.model import FullBandLM, plain_positions, shift_right
+
+NO_MATPLOTLIB = f"fullband jacobi draws jacobi.png with matplotlib: {PLOT_EXTRA}"
 
 
 @dataclass
@@ -120,11 +123,7 @@ def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(NO_MATPLOTLIB)
     fig, (ax_loss, ax_change) = plt.subplots(1, 2, figsize=(11, 4))
     ks = curve.passes
     ax_loss.plot(ks, curve.loss, marker=".", label="fused(k) passes")
@@ -144,9 +143,7 @@ def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 def format_curve(curve: JacobiCurve) -> str:
@@ -175,11 +172,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
+    pyplot(NO_MATPLOTLIB)  # fail before the model and data are loaded
     model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     refuse_arch(model, "fullband jacobi")  # fused passes: what a recurrent baseline has none of
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)

@@ -25,6 +25,7 @@ import torch
 
 from fullband.architectures import refuse_arch
 from fullband.bench.cli import run_data_settings
+from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
@@ -209,13 +210,7 @@ def format_table(results: dict) -> str:
 
 
 def plot_probe(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise FullbandError("plots need matplotlib: pip install 'fullband[plot]' (or pass --no-plot)") from None
+    plt = pyplot(f"plots need matplotlib: {PLOT_EXTRA} (or pass --no-plot)")
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, layers in results["modes"].items():
         ax.plot(range(len(layers)), [x["accuracy"] for x in layers], marker="o", label=mode)
@@ -228,9 +223,7 @@ def plot_probe(results: dict, path: Path) -> None:
     ax.set_title(f"Linear probes: {results['task']}")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -251,7 +244,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-
     if not args.task.startswith("synthetic:"):
         raise ConfigError(f"probe needs a synthetic task (synthetic:<name>[:opts]), got {args.task!r}")
     if args.examples < args.folds or args.folds < 2:
