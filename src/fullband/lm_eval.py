@@ -3,14 +3,10 @@
     lm_eval.simple_evaluate(model="fullband", model_args="pretrained=RUN,decode_mode=soft", tasks=[...])
     fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
 
-``model_args``: ``pretrained`` (a run directory, checkpoint or model directory with its tokenizer beside it,
-or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused), ``fused_passes`` (N,
-auto or exact), ``fused_tol`` and ``fused_max_passes`` (for auto) — each defaults to the decode settings stored with the
-model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap — ``scoring``
-(decode | prefill, default decode),
-``batch_size`` (default 8), ``device`` (default cuda if available), ``dtype`` (float32 | bfloat16 | float16 |
-float64, default float32), ``max_length`` (default the model's max_seq_len). On lm-eval's command line give
-the batch size and device with its own ``--batch_size`` and ``--device`` flags, as for its ``hf`` model.
+``model_args`` are the arguments of ``FullbandLM`` (the table in docs/evaluation.md); the decode settings default
+to those stored with the model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap. On
+lm-eval's command line give the batch size and device with its own ``--batch_size`` and ``--device`` flags, as
+for its ``hf`` model.
 
 Semantics (docs/evaluation.md):
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,15 +48,6 @@ class JacobiCurve:
     seq_len: int = 0
 
 
-class _Sums:
-    """Running sums over batches for one k."""
-
-    def __init__(self) -> None:
-        self.loss = self.seq_loss = self.change = self.gap = 0.0
-        self.change_max = 0.0
-        self.targets = self.positions = 0
-
-
 def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(B, T) per-position ||a - b|| / ||b||."""
     return (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
@@ -68,7 +60,7 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
         raise FullbandError(f"passes={passes} must be >= 0")
     was_training = model.training
     model.eval()
-    sums: list[_Sums] = []
+    sums: list[Counter[str]] = []  # per k, running sums over the batches (and the largest change)
     curve = JacobiCurve()
     for batch in batches:
         batch = batch.to(model.device)
@@ -85,34 +77,34 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
             del seq_logits
         last = min(passes, T - 1)
         while len(sums) <= last:
-            sums.append(_Sums())
+            sums.append(Counter())
         previous = None
         for k in range(last + 1):
             out = model(ids, feedback=None if previous is None else shift_right(previous),
                         plain_mask=None if previous is None else plain, segment_ids=batch.segment_ids)
             losses = _token_losses(out.logits, targets)
             s, mask = sums[k], valid[:, k:]
-            s.targets += int(mask.sum())
-            s.positions += B * (T - k)
-            s.loss += float(losses[:, k:][mask].sum())
+            s["targets"] += int(mask.sum())
+            s["positions"] += B * (T - k)
+            s["loss"] += float(losses[:, k:][mask].sum())
             if seq_losses is not None:
-                s.seq_loss += float(seq_losses[:, k:][mask].sum())
-                s.gap += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
+                s["seq_loss"] += float(seq_losses[:, k:][mask].sum())
+                s["gap"] += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
             if previous is not None:
                 change = _relative(out.hidden[:, k:], previous[:, k:])
-                s.change += float(change.sum())
-                s.change_max = max(s.change_max, float(change.max()))
+                s["change"] += float(change.sum())
+                s["change_max"] = max(s["change_max"], float(change.max()))
             previous = out.hidden
             del out, losses  # one pass's logits at a time
     model.train(was_training)
     for k, s in enumerate(sums):
         curve.passes.append(k)
-        curve.targets.append(s.targets)
-        curve.loss.append(s.loss / s.targets if s.targets else None)
-        curve.sequential_loss.append(s.seq_loss / s.targets if sequential and s.targets else None)
-        curve.sequential_gap.append(s.gap / s.positions if sequential else None)
-        curve.relative_change.append(s.change / s.positions if k > 0 else None)
-        curve.relative_change_max.append(s.change_max if k > 0 else None)
+        curve.targets.append(s["targets"])
+        curve.loss.append(s["loss"] / s["targets"] if s["targets"] else None)
+        curve.sequential_loss.append(s["seq_loss"] / s["targets"] if sequential and s["targets"] else None)
+        curve.sequential_gap.append(s["gap"] / s["positions"] if sequential else None)
+        curve.relative_change.append(s["change"] / s["positions"] if k > 0 else None)
+        curve.relative_change_max.append(s["change_max"] if k > 0 else None)
     return curve
 
 
