@@ -167,16 +167,11 @@ class FullbandLM(TemplateLM):
         windows: list[tuple[list[int], list[int]]] = []
         owners: list[int] = []
         for index, (string,) in enumerate(req.args for req in requests):
-            for context, target in map(
-                lm_eval_utils.make_disjoint_window,
-                lm_eval_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(string, add_special_tokens=False),
-                    prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length,
-                    context_len=1,
-                ),
-            ):
-                windows.append((context, target))
+            tokens = self.tok_encode(string, add_special_tokens=False)
+            rolling = lm_eval_utils.get_rolling_token_windows(token_list=tokens, prefix_token=self.prefix_token_id,
+                                                              max_seq_len=self.max_length, context_len=1)
+            for window in map(lm_eval_utils.make_disjoint_window, rolling):
+                windows.append(window)
                 owners.append(index)
         totals = [0.0] * len(requests)
         for owner, (logprob, _) in zip(owners, self._score(windows)):

@@ -131,8 +131,6 @@ class JsonlTask(BenchTask):
 
 
 class ReasoningGymTask(BenchTask):
-    default_max_new_tokens = 64
-
     def __init__(self, spec: str, seed: int, size: int) -> None:
         rg = require("reasoning_gym", "reasoning-gym")
         self.name = f"rg:{spec}"

@@ -140,7 +140,6 @@ def layer_states(model: Any, ids: torch.Tensor, mask: torch.Tensor, fused_passes
 def collect(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], modes: Sequence[tuple[str, int]],
             batch_size: int = 32) -> ProbeData:
     """Features at every target position of every example, per mode and layer."""
-
     rows, positions, labels, groups = [], [], [], []
     bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
     for g, example in enumerate(examples):
