@@ -15,6 +15,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from fullband.bench import BenchSettings, make_task, run_bench
 from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.config import load_config
@@ -250,11 +252,8 @@ def plot_loss_curves(runs: dict[str, Path], path: Path) -> Path | None:
     return save_figure(fig, path, 120)
 
 
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+def _smooth(values: list[float], window: int = 10) -> np.ndarray:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    totals = np.cumsum(values)
+    totals[window:] -= totals[:-window].copy()
+    return totals / np.minimum(np.arange(1, len(values) + 1), window)
