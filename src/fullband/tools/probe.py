@@ -250,8 +250,7 @@ def run(args: argparse.Namespace) -> None:
     modes = parse_probe_modes(args.modes)
     model, tokenizer = load_model(args.model, args.device)
     refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
-    run_dir = run_dir_of(args.model)
-    recorded = run_data_settings(run_dir)
+    recorded = run_data_settings(run_dir_of(args.model))
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     n = max(args.examples, recorded.get("synthetic_val_examples", 0))
     task, examples = synthetic_val_set(DataConfig(source=args.task, seed=seed, synthetic_val_examples=n))
