@@ -3,14 +3,10 @@
     lm_eval.simple_evaluate(model="fullband", model_args="pretrained=RUN,decode_mode=soft", tasks=[...])
     fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
 
-``model_args``: ``pretrained`` (a run directory, checkpoint or model directory with its tokenizer beside it,
-or a ``fullband export-hf`` directory), ``decode_mode`` (standard | soft | fused), ``fused_passes`` (N,
-auto or exact), ``fused_tol`` and ``fused_max_passes`` (for auto) — each defaults to the decode settings stored with the
-model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap — ``scoring``
-(decode | prefill, default decode),
-``batch_size`` (default 8), ``device`` (default cuda if available), ``dtype`` (float32 | bfloat16 | float16 |
-float64, default float32), ``max_length`` (default the model's max_seq_len). On lm-eval's command line give
-the batch size and device with its own ``--batch_size`` and ``--device`` flags, as for its ``hf`` model.
+``model_args`` are the arguments of ``FullbandLM`` (the table in docs/evaluation.md); the decode settings default
+to those stored with the model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap. On
+lm-eval's command line give the batch size and device with its own ``--batch_size`` and ``--device`` flags, as
+for its ``hf`` model.
 
 Semantics (docs/evaluation.md):
 
@@ -29,6 +25,7 @@ is truncated from the left.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -170,16 +167,11 @@ class FullbandLM(TemplateLM):
         windows: list[tuple[list[int], list[int]]] = []
         owners: list[int] = []
         for index, (string,) in enumerate(req.args for req in requests):
-            for context, target in map(
-                lm_eval_utils.make_disjoint_window,
-                lm_eval_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(string, add_special_tokens=False),
-                    prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length,
-                    context_len=1,
-                ),
-            ):
-                windows.append((context, target))
+            tokens = self.tok_encode(string, add_special_tokens=False)
+            rolling = lm_eval_utils.get_rolling_token_windows(token_list=tokens, prefix_token=self.prefix_token_id,
+                                                              max_seq_len=self.max_length, context_len=1)
+            for window in map(lm_eval_utils.make_disjoint_window, rolling):
+                windows.append(window)
                 owners.append(index)
         totals = [0.0] * len(requests)
         for owner, (logprob, _) in zip(owners, self._score(windows)):
@@ -202,14 +194,10 @@ class FullbandLM(TemplateLM):
                 f"max_gen_toks={max_gen_toks} leaves no room for a context in max_length={self.max_length}: "
                 "use a model with a longer context or ask for fewer tokens"
             )
-        temperature = float(gen_kwargs.get("temperature", 0.0) or 0.0)
-        do_sample = gen_kwargs.get("do_sample")
-        if do_sample is None:
-            do_sample = temperature > 0
-        if not do_sample:
-            temperature = 0.0
-        elif temperature == 0.0:
-            temperature = 1.0  # do_sample without a temperature: sample from the model's distribution
+        temperature = float(gen_kwargs.get("temperature") or 0.0)
+        # Without do_sample, a temperature above 0 samples; do_sample without one samples the model's distribution.
+        if (do_sample := gen_kwargs.get("do_sample")) is not None:
+            temperature = (temperature or 1.0) if do_sample else 0.0
         sampling = SamplingParams(max_tokens=max_gen_toks, temperature=temperature, top_k=gen_kwargs.get("top_k"),
                                   top_p=gen_kwargs.get("top_p"), stop_token_ids=(self.tokenizer_fb.eos_id,))
         return until, max_gen_toks, sampling
@@ -240,8 +228,6 @@ class FullbandLM(TemplateLM):
 
 def lm_eval_main(argv: list[str]) -> None:
     """Run lm-eval's own command line (``lm-eval``) with ``argv``, the fullband model registered."""
-    import sys
-
     from lm_eval.__main__ import cli_evaluate
 
     saved = sys.argv

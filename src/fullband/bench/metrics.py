@@ -53,15 +53,12 @@ def summarize(
     accuracy is the mean score over all samples (= pass@1); pass@k is the mean over problems of the
     unbiased estimator, for each k not above the number of samples per problem. Every number comes with a
     95% bootstrap interval over problems."""
-    n_per = {len(s) for s in scores}
     out: dict = {"problems": len(scores), "samples": sum(len(s) for s in scores)}
     out["accuracy"] = float(np.mean(np.concatenate([np.asarray(s, float) for s in scores])))
     out["accuracy_ci"] = bootstrap_ci(scores, np.mean, n_resamples, seed)
     out["pass_at_k"] = {}
-    n = min(n_per)
-    for k in ks:
-        if k > n:
-            continue
+    fewest = min(len(s) for s in scores)  # pass@k needs k samples of every problem
+    for k in (k for k in ks if k <= fewest):
         per_problem = [[pass_at_k(len(s), int(sum(1 for v in s if v >= 1.0)), k)] for s in scores]
         out["pass_at_k"][str(k)] = {"value": float(np.mean(per_problem)),
                                     "ci": bootstrap_ci(per_problem, np.mean, n_resamples, seed)}

@@ -1,22 +1,47 @@
 """accuracy.png and lengths.png: per task, accuracy and median generated length against temperature,
 one line per decode mode, 95% bootstrap intervals as error bars, the best temperature of each mode
-circled."""
+circled. Also the matplotlib loading and figure saving that every fullband plot shares."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from fullband.errors import FullbandError
 
+PLOT_EXTRA = "pip install 'fullband[plot]'"
 
-def _figure(results: dict, out: Path, value: str, ci: str, ylabel: str, title: str) -> None:
+
+def pyplot(missing: str, required: bool = True) -> ModuleType | None:
+    """matplotlib.pyplot on the file-only Agg backend. matplotlib is an optional extra: where it is not
+    installed, ``missing`` is the error raised or, if not ``required``, printed before None is returned."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise FullbandError("plots need matplotlib: pip install 'fullband[plot]' (or pass --no-plots)") from None
+        if required:
+            raise FullbandError(missing) from None
+        print(missing, file=sys.stderr)
+        return None
+    return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int) -> Path:
+    """Lay out, write and close ``fig`` (made with ``pyplot()``); returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+def _figure(results: dict, out: Path, value: str, ci: str, ylabel: str, title: str) -> None:
+    plt = pyplot(f"plots need matplotlib: {PLOT_EXTRA} (or pass --no-plots)")
     tasks = list(results)
     fig, axes = plt.subplots(1, len(tasks), figsize=(max(7, 5 * len(tasks)), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
@@ -40,9 +65,7 @@ def _figure(results: dict, out: Path, value: str, ci: str, ylabel: str, title: s
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out, 110)
 
 
 def plot_results(results: dict, out_dir: Path) -> None:

@@ -8,16 +8,18 @@ sample per problem is generated there whatever ``--samples`` says; its pass@k eq
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from fullband.bench.metrics import summarize
 from fullband.bench.plots import plot_results
@@ -103,12 +105,7 @@ def stop_token_ids(tokenizer: Any, stops: Sequence[str]) -> set[int]:
     single = [s for s in stops if len(s) == 1]
     if not single:
         return set()
-    ids = set()
-    for i in range(tokenizer.vocab_size):
-        text = tokenizer.decode([i])
-        if any(s in text for s in single):
-            ids.add(i)
-    return ids
+    return {i for i in range(tokenizer.vocab_size) if any(s in tokenizer.decode([i]) for s in single)}
 
 
 @torch.no_grad()
@@ -127,7 +124,6 @@ def generate_batch(
     Returns each row's generated token ids (EOS excluded, stop string included), the fused prefill
     passes each row ran (0 outside fused mode) and, in fused:auto mode, whether its prefill converged
     (met fused_tol before fused_max_passes; None in the other modes)."""
-
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
     stream = generate_stream(model, prompts, max_new_tokens, sampling=sampling, decode=decode, eos_token_id=eos,
@@ -137,11 +133,6 @@ def generate_batch(
     passes = stats.get("fused_passes", [0] * len(prompts))
     converged = stats.get("fused_converged", [None] * len(prompts))
     return rows, [int(p) for p in passes], converged
-
-
-def _batches(items: list, size: int) -> Iterable[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
 
 
 def run_task(
@@ -155,9 +146,6 @@ def run_task(
     progress: bool = True,
 ) -> list[dict]:
     """Generate and score every missing sample of one task; returns all its sample rows."""
-    from tqdm import tqdm
-
-
     problems = task.problems(settings.limit)
     if not problems:
         raise FullbandError(f"task {task.name} has no problems")
@@ -181,16 +169,15 @@ def run_task(
     todo = [j for j in jobs if _key(task.name, j[0].label, j[1], j[2].id, j[3]) not in done]
     # Batches share a mode and temperature; similar prompt lengths waste less padding.
     todo.sort(key=lambda j: (j[0].label, j[1], len(encoded[j[2].id])))
-    groups: dict[tuple[str, float], list] = {}
-    for job in todo:
-        groups.setdefault((job[0].label, job[1]), []).append(job)
 
     bar = tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc=task.name, unit="sample",
                file=sys.stderr, disable=not progress, dynamic_ncols=True)
     with open(out_dir / SAMPLES, "a", encoding="utf-8") as sink:
-        for (label, temperature), group in groups.items():
+        for (label, temperature), cell in itertools.groupby(todo, key=lambda j: (j[0].label, j[1])):
+            group = list(cell)
             mode = group[0][0]
-            for batch_no, batch in enumerate(_batches(group, settings.batch_size)):
+            for batch_no, start in enumerate(range(0, len(group), settings.batch_size)):
+                batch = group[start : start + settings.batch_size]
                 prompts = [encoded[p.id] for _, _, p, _ in batch]
                 room = context - max(len(ids) for ids in prompts)
                 seed = random.Random(f"{settings.seed}/{task.name}/{label}/{temperature}/{batch_no}").getrandbits(62)
@@ -334,6 +321,5 @@ def run_bench(
     (out_dir / RESULTS_JSON).write_text(json.dumps({"settings": asdict(settings), "results": results}, indent=2))
     (out_dir / RESULTS_MD).write_text(format_markdown(results, settings))
     if plots:
-
         plot_results(results, out_dir)
     return results

@@ -334,15 +334,11 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool
     deadline = time.monotonic() + limits.timeout
     cap = int(limits.output_mb * 2**20)
     kept = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    truncated = timed_out = False
+    truncated = False
     with selectors.DefaultSelector() as selector:
         for stream in kept:
             selector.register(stream, selectors.EVENT_READ)
-        while selector.get_map() and not timed_out:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
+        while selector.get_map() and (remaining := deadline - time.monotonic()) > 0:
             for key, _ in selector.select(remaining):
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
@@ -352,6 +348,7 @@ def _collect(proc: subprocess.Popen, limits: Limits) -> tuple[bytes, bytes, bool
                 room = cap - len(buffer)
                 buffer += chunk[:max(room, 0)]
                 truncated |= len(chunk) > room
+        timed_out = bool(selector.get_map())  # a stream still open at the deadline
     if not timed_out:
         try:
             proc.wait(timeout=max(deadline - time.monotonic(), 0))

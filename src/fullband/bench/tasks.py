@@ -16,6 +16,7 @@ Task specs (``--task``):
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,8 +35,6 @@ EVAL_EXTRA = "pip install 'fullband[eval]'"
 
 def require(module: str, package: str) -> Any:
     """Import an optional dependency of the ``eval`` extra, or fail naming the extra to install."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -67,19 +66,12 @@ class BenchTask:
         return text[: first_stop(text, self.stop)]
 
 
-def _final(text: str) -> str:
-
-    return final_answer(text)
-
-
 class SyntheticBenchTask(BenchTask):
     def __init__(self, spec: str, seed: int, val_examples: int) -> None:
-
         self.name = f"synthetic:{spec}"
-        self.task, examples = synthetic_val_set(DataConfig(source=self.name, seed=seed,
-                                                           synthetic_val_examples=val_examples))
-        self.examples = examples
-        longest = max(len(ex.answer) for ex in examples)
+        self.task, self.examples = synthetic_val_set(DataConfig(source=self.name, seed=seed,
+                                                                synthetic_val_examples=val_examples))
+        longest = max(len(ex.answer) for ex in self.examples)
         # Room for the longest reference answer (one token per byte at worst) and its newline.
         self.default_max_new_tokens = longest + 8
 
@@ -135,12 +127,10 @@ class JsonlTask(BenchTask):
             from math_verify import parse, verify
 
             return [float(bool(verify(parse(p.reference), parse(c)))) for p, c in zip(problems, completions)]
-        return [float(_final(c) == _final(p.reference)) for p, c in zip(problems, completions)]
+        return [float(final_answer(c) == final_answer(p.reference)) for p, c in zip(problems, completions)]
 
 
 class ReasoningGymTask(BenchTask):
-    default_max_new_tokens = 64
-
     def __init__(self, spec: str, seed: int, size: int) -> None:
         rg = require("reasoning_gym", "reasoning-gym")
         self.name = f"rg:{spec}"

@@ -15,7 +15,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from fullband.bench import BenchSettings, make_task, run_bench
+from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.config import load_config
 from fullband.data.sources import split_of
 from fullband.data.synthetic import Example, export_jsonl, state_tracking_task, synthetic_examples
@@ -26,6 +29,7 @@ from fullband.train import PassSchedule, train
 
 RUNS = {"baseline": "standard", "fbt": "paper"}  # run name -> pass schedule
 PROMPT = "import os\n\ndef "
+NO_PLOT = f"matplotlib is not installed: no plot ({PLOT_EXTRA})"
 # 2.0M of the cpu preset's 2.4M tokens per model: the whole demo has to fit 8 minutes on a shared 2-core CPU.
 LM_TOKENS = {"train.tokens": "2000000"}
 QUICK = {"train.tokens": "40000", "eval.batches": "2", "data.max_train_bytes": "300000", "train.log_every": "5"}
@@ -211,12 +215,7 @@ def grade_parity(model_dir: Path, modes: list[str], tests: dict[int, Path], out_
 
 
 def _plot_state_tracking(runs: dict, path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if (plt := pyplot(NO_PLOT, required=False)) is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for (label, (kind, mode)), style in zip(TABLE_ROWS.items(), ("C0-o", "C0:x", "C1-s")):
@@ -230,21 +229,12 @@ def _plot_state_tracking(runs: dict, path: Path) -> Path | None:
     ax.set_title("final-answer parity")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 100)
 
 
 def plot_loss_curves(runs: dict[str, Path], path: Path) -> Path | None:
     """Training loss of the plain pass (comparable across runs) and of the FBT's last pass, vs tokens."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'fullband[plot]')", file=sys.stderr)
+    if (plt := pyplot(NO_PLOT, required=False)) is None:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, run_dir in runs.items():
@@ -259,17 +249,11 @@ def plot_loss_curves(runs: dict[str, Path], path: Path) -> Path | None:
     ax.set_title("fullband demo: standard transformer vs FBT, same token budget")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
-def _smooth(values: list[float], window: int = 10) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+def _smooth(values: list[float], window: int = 10) -> np.ndarray:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    totals = np.cumsum(values)
+    totals[window:] -= totals[:-window].copy()
+    return totals / np.minimum(np.arange(1, len(values) + 1), window)

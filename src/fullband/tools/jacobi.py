@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,12 +22,15 @@ import torch
 import torch.nn.functional as F
 
 from fullband.architectures import refuse_arch
+from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.cli_options import add_validation_data_options
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
 from fullband.generation import sequential_forward
 from fullband.loading import load_model_and_data
 from fullband.model import FullBandLM, plain_positions, shift_right
+
+NO_MATPLOTLIB = f"fullband jacobi draws jacobi.png with matplotlib: {PLOT_EXTRA}"
 
 
 @dataclass
@@ -44,15 +48,6 @@ class JacobiCurve:
     seq_len: int = 0
 
 
-class _Sums:
-    """Running sums over batches for one k."""
-
-    def __init__(self) -> None:
-        self.loss = self.seq_loss = self.change = self.gap = 0.0
-        self.change_max = 0.0
-        self.targets = self.positions = 0
-
-
 def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(B, T) per-position ||a - b|| / ||b||."""
     return (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
@@ -65,7 +60,7 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
         raise FullbandError(f"passes={passes} must be >= 0")
     was_training = model.training
     model.eval()
-    sums: list[_Sums] = []
+    sums: list[Counter[str]] = []  # per k, running sums over the batches (and the largest change)
     curve = JacobiCurve()
     for batch in batches:
         batch = batch.to(model.device)
@@ -82,34 +77,34 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
             del seq_logits
         last = min(passes, T - 1)
         while len(sums) <= last:
-            sums.append(_Sums())
+            sums.append(Counter())
         previous = None
         for k in range(last + 1):
             out = model(ids, feedback=None if previous is None else shift_right(previous),
                         plain_mask=None if previous is None else plain, segment_ids=batch.segment_ids)
             losses = _token_losses(out.logits, targets)
             s, mask = sums[k], valid[:, k:]
-            s.targets += int(mask.sum())
-            s.positions += B * (T - k)
-            s.loss += float(losses[:, k:][mask].sum())
+            s["targets"] += int(mask.sum())
+            s["positions"] += B * (T - k)
+            s["loss"] += float(losses[:, k:][mask].sum())
             if seq_losses is not None:
-                s.seq_loss += float(seq_losses[:, k:][mask].sum())
-                s.gap += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
+                s["seq_loss"] += float(seq_losses[:, k:][mask].sum())
+                s["gap"] += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
             if previous is not None:
                 change = _relative(out.hidden[:, k:], previous[:, k:])
-                s.change += float(change.sum())
-                s.change_max = max(s.change_max, float(change.max()))
+                s["change"] += float(change.sum())
+                s["change_max"] = max(s["change_max"], float(change.max()))
             previous = out.hidden
             del out, losses  # one pass's logits at a time
     model.train(was_training)
     for k, s in enumerate(sums):
         curve.passes.append(k)
-        curve.targets.append(s.targets)
-        curve.loss.append(s.loss / s.targets if s.targets else None)
-        curve.sequential_loss.append(s.seq_loss / s.targets if sequential and s.targets else None)
-        curve.sequential_gap.append(s.gap / s.positions if sequential else None)
-        curve.relative_change.append(s.change / s.positions if k > 0 else None)
-        curve.relative_change_max.append(s.change_max if k > 0 else None)
+        curve.targets.append(s["targets"])
+        curve.loss.append(s["loss"] / s["targets"] if s["targets"] else None)
+        curve.sequential_loss.append(s["seq_loss"] / s["targets"] if sequential and s["targets"] else None)
+        curve.sequential_gap.append(s["gap"] / s["positions"] if sequential else None)
+        curve.relative_change.append(s["change"] / s["positions"] if k > 0 else None)
+        curve.relative_change_max.append(s["change_max"] if k > 0 else None)
     return curve
 
 
@@ -120,11 +115,7 @@ def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot(NO_MATPLOTLIB)
     fig, (ax_loss, ax_change) = plt.subplots(1, 2, figsize=(11, 4))
     ks = curve.passes
     ax_loss.plot(ks, curve.loss, marker=".", label="fused(k) passes")
@@ -144,9 +135,7 @@ def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120)
 
 
 def format_curve(curve: JacobiCurve) -> str:
@@ -175,11 +164,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise FullbandError("fullband jacobi draws jacobi.png with matplotlib: pip install 'fullband[plot]'") from exc
+    pyplot(NO_MATPLOTLIB)  # fail before the model and data are loaded
     model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
     refuse_arch(model, "fullband jacobi")  # fused passes: what a recurrent baseline has none of
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)

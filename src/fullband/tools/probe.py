@@ -25,6 +25,7 @@ import torch
 
 from fullband.architectures import refuse_arch
 from fullband.bench.cli import run_data_settings
+from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
@@ -139,7 +140,6 @@ def layer_states(model: Any, ids: torch.Tensor, mask: torch.Tensor, fused_passes
 def collect(model: Any, tokenizer: Any, task: Any, examples: Sequence[Any], modes: Sequence[tuple[str, int]],
             batch_size: int = 32) -> ProbeData:
     """Features at every target position of every example, per mode and layer."""
-
     rows, positions, labels, groups = [], [], [], []
     bos = [tokenizer.bos_id] if tokenizer.bos_id is not None else []
     for g, example in enumerate(examples):
@@ -209,13 +209,7 @@ def format_table(results: dict) -> str:
 
 
 def plot_probe(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise FullbandError("plots need matplotlib: pip install 'fullband[plot]' (or pass --no-plot)") from None
+    plt = pyplot(f"plots need matplotlib: {PLOT_EXTRA} (or pass --no-plot)")
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, layers in results["modes"].items():
         ax.plot(range(len(layers)), [x["accuracy"] for x in layers], marker="o", label=mode)
@@ -228,9 +222,7 @@ def plot_probe(results: dict, path: Path) -> None:
     ax.set_title(f"Linear probes: {results['task']}")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, 110)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -251,7 +243,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> None:
-
     if not args.task.startswith("synthetic:"):
         raise ConfigError(f"probe needs a synthetic task (synthetic:<name>[:opts]), got {args.task!r}")
     if args.examples < args.folds or args.folds < 2:
@@ -259,8 +250,7 @@ def run(args: argparse.Namespace) -> None:
     modes = parse_probe_modes(args.modes)
     model, tokenizer = load_model(args.model, args.device)
     refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
-    run_dir = run_dir_of(args.model)
-    recorded = run_data_settings(run_dir)
+    recorded = run_data_settings(run_dir_of(args.model))
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     n = max(args.examples, recorded.get("synthetic_val_examples", 0))
     task, examples = synthetic_val_set(DataConfig(source=args.task, seed=seed, synthetic_val_examples=n))
