@@ -1,10 +1,9 @@
 """Hugging Face tokenizer files for fullband's own tokenizers (byte and BPE), so that an exported model
 loads with ``AutoTokenizer`` / ``pipeline("text-generation")`` and encodes and decodes exactly as fullband.
 
-- byte: a byte-level BPE without merges whose 256 symbols are the bytes (ids 0..255, in byte order),
-  special tokens after them. Plain byte tokenizers read special-token strings as bytes, so the export
-  sets ``split_special_tokens``; the chat extension recognises them (see ``ByteTokenizer``), so it does not.
-- bpe: the tokenizer's own ``tokenizer.json``.
+- byte and bpe: the tokenizer's own ``tokenizers.Tokenizer`` (for bytes a byte-level BPE without merges, see
+  ``ByteTokenizer``). Plain byte tokenizers read special-token strings as bytes, so the export sets
+  ``split_special_tokens``; the chat extension recognises them, so it does not.
 
 Both get a post-processor that puts ``<bos>`` first, as ``fullband.loading.encode_prompt`` does, so that
 ``tokenizer(text)`` gives the ids a fullband prompt has (``add_special_tokens=False``: ``Tokenizer.encode``).
@@ -19,9 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as Backend
+from tokenizers import processors
+
 from fullband.data.chat import BUILTIN_CHAT_TEMPLATE
 from fullband.data.tokenizers import (
-    BPE_SPECIAL_TOKENS,
     CHAT_TOKENS,
     MARKER,
     BPETokenizer,
@@ -67,51 +68,12 @@ def write_tokenizer_files(tokenizer: Tokenizer | None, dst: Path, max_length: in
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """The printable character GPT-2's byte-level pre-tokenizer uses for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-def _byte_backend(tokenizer: ByteTokenizer):
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTok
-
-    vocab = {char: b for b, char in _bytes_to_unicode().items()}
-    backend = HFTok(models.BPE(vocab=vocab, merges=[]))
-    # No regex split: without merges every byte is its own token anyway.
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    names = [*BPE_SPECIAL_TOKENS, *(CHAT_TOKENS if tokenizer.chat else ())]
-    backend.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
-    for name in names:
-        if backend.token_to_id(name) != tokenizer.token_to_id(name):
-            raise AssertionError(f"byte tokenizer export: {name} got id {backend.token_to_id(name)}")
-    return backend
-
-
 def write_hf_tokenizer(tokenizer: Tokenizer, dst: Path, max_length: int) -> None:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json for a fullband byte or BPE
     tokenizer into ``dst``."""
-    from tokenizers import processors
-
-    if isinstance(tokenizer, ByteTokenizer):
-        backend = _byte_backend(tokenizer)
-        split_special = not tokenizer.chat
-    elif isinstance(tokenizer, BPETokenizer):
-        from tokenizers import Tokenizer as HFTok
-
-        backend = HFTok.from_str(tokenizer._tok.to_str())
-        split_special = False
-    else:
+    if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
         raise TypeError(f"write_hf_tokenizer handles fullband's byte and bpe tokenizers, not {tokenizer.kind!r}")
+    backend = Backend.from_str(tokenizer._tok.to_str())
     bos, eos, pad = (tokenizer.id_to_token(i) for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))
     backend.post_processor = processors.TemplateProcessing(
         single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)]
@@ -125,7 +87,7 @@ def write_hf_tokenizer(tokenizer: Tokenizer, dst: Path, max_length: int) -> None
         "model_max_length": max_length,
         "padding_side": "left",  # decoder-only generation pads on the left
         "clean_up_tokenization_spaces": False,
-        "split_special_tokens": split_special,
+        "split_special_tokens": tokenizer._tok.encode_special_tokens,
     }
     if tokenizer.has_chat_tokens:
         config["chat_template"] = BUILTIN_CHAT_TEMPLATE
