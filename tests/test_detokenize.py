@@ -13,7 +13,7 @@ from conftest import make_model
 from fullband import chat_cli, cli
 from fullband.cli import main
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.data.tokenizers import BPETokenizer, ByteTokenizer
+from fullband.data.tokenizers import BPETokenizer, ByteTokenizer, HFTokenizer
 from fullband.detokenize import StreamingDetokenizer
 from fullband.generation import generate
 from fullband.loading import encode_prompt
@@ -92,6 +92,22 @@ def test_the_work_per_token_does_not_grow_with_the_answer(text, stepped):
     work = tokenizer.decoded + stepped
     assert "".join(pieces) == tokenizer.decode(ids)
     assert max(work) <= LONGEST_WINDOW and sum(work) <= 4 * LONGEST_WINDOW * len(ids), (max(work), sum(work))
+
+
+def test_a_decoder_that_rewrites_released_text_does_not_break_the_stream(tmp_path):
+    """A SentencePiece-style byte-fallback decoder gives U+FFFD for every byte token of a run that is not UTF-8,
+    also for a byte it decoded before ("A"); that text was released, and the stream goes on after it."""
+    from tokenizers import Tokenizer, decoders, models
+
+    backend = Tokenizer(models.BPE({"</s>": 0, "c": 1, **{f"<0x{b:02X}>": 2 + b for b in range(256)}}, [],
+                                   byte_fallback=True))
+    backend.decoder = decoders.ByteFallback()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tokenizer = HFTokenizer(tmp_path)
+    ids = [2 + 0x41, 2 + 0xF0, 2 + 0x80, 1, 2 + 0x41]
+    assert tokenizer.decode(ids) == "\ufffd\ufffd\ufffdcA"
+    pieces, text = stream(tokenizer, ids)
+    assert pieces == ["A", "", "", "\ufffd\ufffdc", "A", ""] and text.text == "A\ufffd\ufffdcA"
 
 
 @pytest.fixture

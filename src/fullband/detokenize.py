@@ -60,7 +60,14 @@ class StreamingDetokenizer:
 
     def _step(self, token: int) -> str:
         self._waiting.append(token)
-        piece = self._stream.step(self.tokenizer._tok, token)
+        try:
+            piece = self._stream.step(self.tokenizer._tok, token)
+        except Exception:  # tokenizers raises a bare Exception when the decoder rewrote the context's text
+            # E.g. a byte-fallback decoder that turns a whole run of byte tokens into U+FFFD once it is not UTF-8,
+            # text already released included: that cannot be taken back, so the waiting ids stream anew after it.
+            waiting = self._waiting
+            self._restart()
+            return "".join(self._step(waiting_token) for waiting_token in waiting)
         if piece is None:
             return ""
         self._context, self._waiting = self._waiting, []
