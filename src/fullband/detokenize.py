@@ -1,15 +1,14 @@
 """Text of generated tokens as they stream, for ``fullband generate --stream``, ``fullband chat`` and the server.
 
 Decoding the whole answer again at every token costs time quadratic in its length. ``StreamingDetokenizer``
-streams through the tokenizer's ``tokenizers.decoders.DecodeStream``, which decodes only the ids of the last
-released piece (as context) and those after it, releases text once it does not end in U+FFFD (so a character
-split over several byte-level tokens appears whole) and gives the same text as decoding every id at once.
+streams through ``tokenizers.decoders.DecodeStream``: it decodes only the ids of the last released piece (as
+context) and those after it, and releases text once it does not end in U+FFFD, so a character split over several
+byte-level tokens appears whole, and the text is that of decoding every id at once.
 
-Ids that are not UTF-8 (a model can emit any bytes) keep that text ending in U+FFFD, and ``DecodeStream`` would
-hold them, and decode ever more of them, until a character completes. So once more ids wait than one character
-can span, they are released up to the start of their incomplete tail where the text of the ids before it plus
-that of the tail is the text of all: the decoder starts a new character there, so what comes before is final,
-and the tail streams anew. The ids decoded at once stay few whatever the model emits.
+Ids that are not UTF-8 (a model can emit any bytes) keep the text ending in U+FFFD, and ``DecodeStream`` would hold
+them, decoding ever more, until a character completes. So once more ids wait than one character can span, they are
+released up to the start of their incomplete tail where the text of the ids before it plus that of the tail is the
+text of all (the decoder starts a new character there), and the tail streams anew.
 """
 
 from __future__ import annotations
@@ -33,19 +32,11 @@ class StreamingDetokenizer:
         self.text = ""  # the text released so far
         # `Tokenizer.decode` drops the framing ids even where they are not special tokens of the backend.
         self._framing = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-        self._restart()
-
-    def _restart(self) -> None:
-        self._stream = DecodeStream(skip_special_tokens=True)
-        # The stream's state: the ids of the last piece it released (its context) and those waiting after them.
-        self._context: list[int] = []
-        self._waiting: list[int] = []
+        self._restream([])
 
     def add(self, token: int) -> str:
         token = int(token)
-        if token in self._framing:
-            return ""
-        piece = self._step(token)
+        piece = "" if token in self._framing else self._step(token)
         if not piece and len(self._waiting) > MAX_CHARACTER_IDS:
             piece = self._release_before_tail()
         self.text += piece
@@ -55,8 +46,16 @@ class StreamingDetokenizer:
         decode = self.tokenizer.decode
         piece = decode(self._context + self._waiting)[len(decode(self._context)) :] if self._waiting else ""
         self.text += piece
-        self._restart()
+        self._restream([])
         return piece
+
+    def _restream(self, ids: list[int]) -> str:
+        """Start a new stream with ``ids``; the text they release."""
+        self._stream = DecodeStream(skip_special_tokens=True)
+        # The stream's state: the ids of the last piece it released (its context) and those waiting after them.
+        self._context: list[int] = []
+        self._waiting: list[int] = []
+        return "".join(self._step(token) for token in ids)
 
     def _step(self, token: int) -> str:
         self._waiting.append(token)
@@ -65,9 +64,7 @@ class StreamingDetokenizer:
         except Exception:  # tokenizers raises a bare Exception when the decoder rewrote the context's text
             # E.g. a byte-fallback decoder that turns a whole run of byte tokens into U+FFFD once it is not UTF-8,
             # text already released included: that cannot be taken back, so the waiting ids stream anew after it.
-            waiting = self._waiting
-            self._restart()
-            return "".join(self._step(waiting_token) for waiting_token in waiting)
+            return self._restream(self._waiting)
         if piece is None:
             return ""
         self._context, self._waiting = self._waiting, []
@@ -80,8 +77,5 @@ class StreamingDetokenizer:
         for start in range(len(waiting) - 1, len(waiting) - MAX_CHARACTER_IDS, -1):
             head = decode(context + waiting[:start])
             if head + decode(waiting[start:]) == window:
-                break
-        else:
-            return ""
-        self._restart()
-        return head[len(decode(context)) :] + "".join(self._step(token) for token in waiting[start:])
+                return head[len(decode(context)) :] + self._restream(waiting[start:])
+        return ""

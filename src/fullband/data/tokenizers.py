@@ -232,22 +232,13 @@ class HFTokenizer(Tokenizer):
                 f"Could not read {directory / 'tokenizer.json'} as a Hugging Face tokenizer ({e}). "
                 "Check that the file is complete and was written by a compatible `tokenizers` version."
             ) from e
-        names: dict[str, str] = {}
-        self.chat_template = _read_chat_template(directory)
-        for fname in reversed(_HF_CONFIG_FILES):  # tokenizer_config.json wins, so read it last
-            path = directory / fname
-            if not path.is_file():
-                continue
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} is not valid JSON ({e}); fix or remove it.") from None
-            for role in ("bos", "eos", "pad"):
-                token = _token_content(config.get(f"{role}_token"))
-                if token is not None:
-                    names[role] = token
-        ids = {role: tok.token_to_id(token) for role, token in names.items()}
-        if ids.get("eos") is None:
+        configs = [_read_config(directory / fname) for fname in _HF_CONFIG_FILES]
+        self.chat_template = _chat_template(directory, configs[0])
+        # The first config naming a role's token wins; an eos not in the vocabulary falls back as a missing one.
+        ids = {role: next((tok.token_to_id(name) for config in configs
+                           if (name := _token_content(config.get(f"{role}_token"))) is not None), None)
+               for role in ("bos", "eos", "pad")}
+        if ids["eos"] is None:
             ids["eos"] = next((tok.token_to_id(t) for t in _EOS_FALLBACKS
                                if tok.token_to_id(t) is not None), None)
         if ids["eos"] is None:
@@ -255,8 +246,8 @@ class HFTokenizer(Tokenizer):
                 f"Tokenizer {directory} names no end-of-text token and none of {', '.join(_EOS_FALLBACKS)} "
                 "is in its vocabulary. Add \"eos_token\": \"<your end token>\" to tokenizer_config.json."
             )
-        bos = ids.get("bos") if ids.get("bos") is not None else ids["eos"]
-        pad = ids.get("pad") if ids.get("pad") is not None else ids["eos"]
+        bos = ids["bos"] if ids["bos"] is not None else ids["eos"]
+        pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
         super().__init__(tok, bos, ids["eos"], pad)
 
     def _save_files(self, directory: Path) -> None:
@@ -272,18 +263,22 @@ class HFTokenizer(Tokenizer):
 _CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _read_chat_template(directory: Path) -> str | None:
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} is not valid JSON ({e}); fix or remove it.") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _chat_template(directory: Path, config: dict) -> str | None:
     """The tokenizer's own chat template: chat_template.jinja, else tokenizer_config.json's chat_template
     (a string, or a list of named templates of which "default" is used)."""
     if (directory / _CHAT_TEMPLATE_FILE).is_file():
         return (directory / _CHAT_TEMPLATE_FILE).read_text()
-    path = directory / "tokenizer_config.json"
-    if not path.is_file():
-        return None
-    try:
-        template = json.loads(path.read_text()).get("chat_template")
-    except (json.JSONDecodeError, AttributeError):
-        return None  # reported with a clear message where the special tokens are read
+    template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
