@@ -195,11 +195,6 @@ class BPETokenizer(Tokenizer):
         tok.train_from_iterator(texts, trainer)
         return cls(tok, *(tok.token_to_id(t) for t in BPE_SPECIAL_TOKENS))
 
-    @classmethod
-    def load(cls, directory: Path, marker: dict) -> BPETokenizer:
-        tok = Backend.from_file(str(directory / "tokenizer.json"))
-        return cls(tok, marker["bos_id"], marker["eos_id"], marker["pad_id"])
-
 
 # Names models commonly use for end-of-text, tried in order when a tokenizer dir does not say.
 _EOS_FALLBACKS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
@@ -239,16 +234,13 @@ class HFTokenizer(Tokenizer):
                            if (name := _token_content(config.get(f"{role}_token"))) is not None), None)
                for role in ("bos", "eos", "pad")}
         if ids["eos"] is None:
-            ids["eos"] = next((tok.token_to_id(t) for t in _EOS_FALLBACKS
-                               if tok.token_to_id(t) is not None), None)
+            ids["eos"] = next((i for i in map(tok.token_to_id, _EOS_FALLBACKS) if i is not None), None)
         if ids["eos"] is None:
             raise DataError(
                 f"Tokenizer {directory} names no end-of-text token and none of {', '.join(_EOS_FALLBACKS)} "
                 "is in its vocabulary. Add \"eos_token\": \"<your end token>\" to tokenizer_config.json."
             )
-        bos = ids["bos"] if ids["bos"] is not None else ids["eos"]
-        pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
-        super().__init__(tok, bos, ids["eos"], pad)
+        super().__init__(tok, *(ids[role] if ids[role] is not None else ids["eos"] for role in ("bos", "eos", "pad")))
 
     def _save_files(self, directory: Path) -> None:
         same = directory.resolve() == self.directory.resolve()
@@ -311,7 +303,8 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer(chat=bool(marker.get("chat_tokens")))
     elif kind == "bpe":
-        tok = BPETokenizer.load(directory, marker)
+        backend = Backend.from_file(str(directory / "tokenizer.json"))
+        tok = BPETokenizer(backend, marker["bos_id"], marker["eos_id"], marker["pad_id"])
     elif kind == "hf":
         tok = HFTokenizer(directory)
     else:
@@ -329,22 +322,17 @@ def build_tokenizer(cfg: DataConfig, train_texts: Iterable[str], chat: bool = Fa
     """The tokenizer `cfg.tokenizer` asks for; only "bpe" reads (trains on) the texts. ``chat``: extended
     for the built-in chat template (unless it has its own). A directory saved by fullband (a model's or
     dataset's tokenizer/) is loaded as what it is, so fine-tuning data matches the model's tokenizer."""
-    tok = _build_base_tokenizer(cfg, train_texts)
-    return tok.with_chat_tokens() if chat else tok
-
-
-def _build_base_tokenizer(cfg: DataConfig, train_texts: Iterable[str]) -> Tokenizer:
-    if cfg.tokenizer == "byte":
-        return ByteTokenizer()
-    if cfg.tokenizer == "bpe":
-        return BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
     path = Path(cfg.tokenizer).expanduser()
-    if (path / MARKER).is_file():
-        return load_tokenizer(path)
-    if not path.is_dir():
+    if cfg.tokenizer == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    elif cfg.tokenizer == "bpe":
+        tok = BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
+    elif path.is_dir():
+        tok = load_tokenizer(path) if (path / MARKER).is_file() else HFTokenizer(path)
+    else:
         raise DataError(
             f"data.tokenizer={cfg.tokenizer!r} is neither 'byte', 'bpe' nor an existing directory. "
             "Give a local Hugging Face tokenizer directory (containing tokenizer.json); downloading "
             "tokenizers by name is not supported, save one with AutoTokenizer.save_pretrained first."
         )
-    return HFTokenizer(path)
+    return tok.with_chat_tokens() if chat else tok
