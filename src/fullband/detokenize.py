@@ -1,25 +1,24 @@
 """Text of generated tokens as they stream, for ``fullband generate --stream``, ``fullband chat`` and the server.
 
 Decoding the whole answer again at every token costs time quadratic in its length. ``StreamingDetokenizer``
-decodes a short window of recent ids instead: the ids of the last released piece (as context) and those after
-it. A window's new text is released only once it does not end in U+FFFD, so a character split over several
-byte-level tokens appears whole; and it is the window's text minus the text of its context ids alone, so
-tokenizers that decode a piece differently at the start of a text (a SentencePiece leading space) give the same
-text as decoding every id at once.
+streams through ``tokenizers.decoders.DecodeStream``: it decodes only the ids of the last released piece (as
+context) and those after it, and releases text once it does not end in U+FFFD, so a character split over several
+byte-level tokens appears whole, and the text is that of decoding every id at once.
 
-Ids that are not UTF-8 (a model can emit any bytes) keep the window's text ending in U+FFFD. Once more ids wait
-than one character can span, the window is split before its incomplete tail where the text of the ids before it
-plus that of the tail is the window's text: the decoder starts a new character there, so what comes before is
-final and can be released, and the window stays short whatever the model emits.
+Ids that are not UTF-8 (a model can emit any bytes) keep the text ending in U+FFFD, and ``DecodeStream`` would hold
+them, decoding ever more, until a character completes. So once more ids wait than one character can span, they are
+released up to the start of their incomplete tail where the text of the ids before it plus that of the tail is the
+text of all (the decoder starts a new character there), and the tail streams anew.
 """
 
 from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
 
 from fullband.data import Tokenizer
 
 __all__ = ["StreamingDetokenizer"]
 
-INCOMPLETE = "\ufffd"  # what a decoder gives for bytes that do not (yet) form a whole UTF-8 character
 MAX_CHARACTER_IDS = 4  # the most bytes, hence byte-level ids, of one UTF-8 character
 
 
@@ -30,34 +29,53 @@ class StreamingDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self.ids: list[int] = []
         self.text = ""  # the text released so far
-        # ids[_context:_released] decoded to the last released piece; ids[_released:] are not released yet.
-        self._context = 0
-        self._released = 0
+        # `Tokenizer.decode` drops the framing ids even where they are not special tokens of the backend.
+        self._framing = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
+        self._restream([])
 
     def add(self, token: int) -> str:
-        self.ids.append(int(token))
-        return self._release(final=False)
+        token = int(token)
+        piece = "" if token in self._framing else self._step(token)
+        if not piece and len(self._waiting) > MAX_CHARACTER_IDS:
+            piece = self._release_before_tail()
+        self.text += piece
+        return piece
 
     def flush(self) -> str:
-        return self._release(final=True)
-
-    def _release(self, final: bool) -> str:
         decode = self.tokenizer.decode
-        context = decode(self.ids[self._context : self._released])
-        window = decode(self.ids[self._context :])
-        end = len(self.ids)
-        if not final and (len(window) <= len(context) or window.endswith(INCOMPLETE)):
-            if end - self._released <= MAX_CHARACTER_IDS:
-                return ""
-            # Not UTF-8: release up to the start of the incomplete tail, if the decoder starts a character there.
-            tails = range(end - 1, end - MAX_CHARACTER_IDS, -1)
-            end = next((j for j in tails if decode(self.ids[self._context : j]) + decode(self.ids[j:]) == window), None)
-            window = decode(self.ids[self._context : end]) if end is not None else ""
-            if len(window) <= len(context):
-                return ""
-        piece = window[len(context) :]
+        piece = decode(self._context + self._waiting)[len(decode(self._context)) :] if self._waiting else ""
         self.text += piece
-        self._context, self._released = self._released, end
+        self._restream([])
         return piece
+
+    def _restream(self, ids: list[int]) -> str:
+        """Start a new stream with ``ids``; the text they release."""
+        self._stream = DecodeStream(skip_special_tokens=True)
+        # The stream's state: the ids of the last piece it released (its context) and those waiting after them.
+        self._context: list[int] = []
+        self._waiting: list[int] = []
+        return "".join(self._step(token) for token in ids)
+
+    def _step(self, token: int) -> str:
+        self._waiting.append(token)
+        try:
+            piece = self._stream.step(self.tokenizer._tok, token)
+        except Exception:  # tokenizers raises a bare Exception when the decoder rewrote the context's text
+            # E.g. a byte-fallback decoder that turns a whole run of byte tokens into U+FFFD once it is not UTF-8,
+            # text already released included: that cannot be taken back, so the waiting ids stream anew after it.
+            return self._restream(self._waiting)
+        if piece is None:
+            return ""
+        self._context, self._waiting = self._waiting, []
+        return piece
+
+    def _release_before_tail(self) -> str:
+        decode = self.tokenizer.decode
+        context, waiting = self._context, self._waiting
+        window = decode(context + waiting)
+        for start in range(len(waiting) - 1, len(waiting) - MAX_CHARACTER_IDS, -1):
+            head = decode(context + waiting[:start])
+            if head + decode(waiting[start:]) == window:
+                return head[len(decode(context)) :] + self._restream(waiting[start:])
+        return ""

@@ -1,8 +1,8 @@
 """Tokenizers: raw bytes, a byte-level BPE trained on the corpus, or any local Hugging Face tokenizer.
 
-All three share one small interface and are saved into a directory together with a
-`fullband_tokenizer.json` marker that records the kind and the special token ids, so
-`load_tokenizer(dir)` gives back exactly the tokenizer that prepared a dataset.
+Each is a `tokenizers.Tokenizer` (the byte one a byte-level BPE without merges) with fullband's framing ids,
+saved into a directory together with a `fullband_tokenizer.json` marker that records the kind and the special
+token ids, so `load_tokenizer(dir)` gives back exactly the tokenizer that prepared a dataset.
 
 Chat: a Hugging Face tokenizer with its own `chat_template` uses it; any other tokenizer gets fullband's
 chat tokens (CHAT_TOKENS) added by `with_chat_tokens()` for the built-in template (`fullband.data.chat`).
@@ -15,15 +15,15 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import re
 import shutil
-from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as Backend
 
-from fullband.data.config import BYTE_VOCAB_SIZE, DataConfig
+from fullband.data.config import DataConfig
 from fullband.errors import DataError
 
 MARKER = "fullband_tokenizer.json"
@@ -32,52 +32,71 @@ BPE_SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 
 
-class Tokenizer(ABC):
-    """Common interface. `encode` never adds special tokens: documents are framed by the caller."""
+class Tokenizer:
+    """A `tokenizers.Tokenizer` (``_tok``) with fullband's framing ids. `encode` never adds special tokens:
+    documents are framed by the caller."""
 
     kind: str
-    vocab_size: int
-    bos_id: int
-    eos_id: int
-    pad_id: int
     # Fingerprint of the tokenizer this one extends with CHAT_TOKENS (None: not an extension).
     base_fingerprint: str | None = None
     # A Jinja chat template that came with the tokenizer (Hugging Face tokenizers); None: built-in template.
     chat_template: str | None = None
 
-    @abstractmethod
-    def encode(self, text: str) -> list[int]: ...
+    def __init__(self, tok: Backend, bos_id: int, eos_id: int, pad_id: int) -> None:
+        self._tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
 
-    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and the (start, end) character span of each token in ``text``."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Encode many documents at once (used by dataset preparation, where speed matters)."""
+        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of the ids; special tokens are dropped."""
+        # Our framing tokens need not be registered as special in tokenizer.json, so drop them by id.
+        framing = {self.bos_id, self.eos_id, self.pad_id}
+        return self._tok.decode([int(i) for i in ids if int(i) not in framing], skip_special_tokens=True)
+
     def token_to_id(self, token: str) -> int | None:
         """The id of a token given by its string (e.g. a special token), or None if it has none."""
+        return self._tok.token_to_id(token)
 
-    @abstractmethod
     def id_to_token(self, token_id: int) -> str | None:
         """The string of a token id (special tokens by name), or None if out of range."""
-
-    @abstractmethod
-    def with_chat_tokens(self) -> Tokenizer:
-        """This tokenizer extended with CHAT_TOKENS (itself if it has them or its own chat template)."""
+        return self._tok.id_to_token(token_id)
 
     @property
     def has_chat_tokens(self) -> bool:
         return all(self.token_to_id(t) is not None for t in CHAT_TOKENS)
 
-    @abstractmethod
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of the ids; special tokens are dropped."""
+    def with_chat_tokens(self) -> Tokenizer:
+        """This tokenizer extended with CHAT_TOKENS as special tokens with appended ids (itself if it has them
+        or its own chat template)."""
+        if self.chat_template is not None or self.has_chat_tokens:
+            return self
+        extended = copy.copy(self)
+        extended._tok = Backend.from_str(self._tok.to_str())
+        extended._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
+        extended.vocab_size = extended._tok.get_vocab_size(with_added_tokens=True)
+        extended.base_fingerprint = self.fingerprint()
+        return extended
 
-    @abstractmethod
     def _serialized(self) -> bytes:
         """Everything that determines the mapping text <-> ids, as bytes."""
+        specials = f"|bos={self.bos_id}|eos={self.eos_id}|pad={self.pad_id}"
+        return (self._tok.to_str() + specials).encode()
 
-    @abstractmethod
-    def _save_files(self, directory: Path) -> None: ...
-
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Encode many documents at once (used by dataset preparation, where speed matters)."""
-        return [np.asarray(self.encode(t), dtype=np.int64) for t in texts]
+    def _save_files(self, directory: Path) -> None:
+        self._tok.save(str(directory / "tokenizer.json"))
 
     def fingerprint(self) -> str:
         return hashlib.sha256(self._serialized()).hexdigest()
@@ -95,6 +114,30 @@ class Tokenizer(ABC):
         (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
 
 
+def _byte_chars() -> list[str]:
+    """The printable character GPT-2's byte-level pre-tokenizer uses for each byte, in byte order."""
+    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
+
+
+def _byte_backend(chat: bool) -> Backend:
+    """The byte tokenizer as a `tokenizers.Tokenizer`: a byte-level BPE without merges whose 256 symbols are
+    the bytes (ids 0..255, in byte order), then <bos>, <eos>, <pad> and, with ``chat``, CHAT_TOKENS."""
+    backend = Backend(models.BPE(vocab={char: b for b, char in enumerate(_byte_chars())}, merges=[]))
+    # No regex split: without merges every byte is its own token anyway.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    names = [*BPE_SPECIAL_TOKENS, *(CHAT_TOKENS if chat else ())]
+    backend.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
+    # The plain byte tokenizer reads special-token strings as bytes; the chat extension recognises them.
+    backend.encode_special_tokens = not chat
+    return backend
+
+
+_BYTE_SERIALIZED = b"fullband-byte-tokenizer-v1"
+
+
 class ByteTokenizer(Tokenizer):
     """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. Needs no files.
 
@@ -105,110 +148,41 @@ class ByteTokenizer(Tokenizer):
     """
 
     kind = "byte"
-    bos_id, eos_id, pad_id = 256, 257, 258
 
     def __init__(self, chat: bool = False) -> None:
+        backend = _byte_backend(chat)
+        super().__init__(backend, *(backend.token_to_id(t) for t in BPE_SPECIAL_TOKENS))
         self.chat = chat
-        names = list(BPE_SPECIAL_TOKENS) + (list(CHAT_TOKENS) if chat else [])
-        self._specials = {name: 256 + i for i, name in enumerate(names)}
-        self._names = {i: name for name, i in self._specials.items()}
-        self.vocab_size = BYTE_VOCAB_SIZE + (len(CHAT_TOKENS) if chat else 0)
         if chat:
-            self.base_fingerprint = ByteTokenizer().fingerprint()
-        self._split = re.compile("(" + "|".join(map(re.escape, self._specials)) + ")") if chat else None
+            self.base_fingerprint = hashlib.sha256(_BYTE_SERIALIZED).hexdigest()
 
+    # Plain bytes need no tokenizer: encoding them through `tokenizers` is ~130x slower on a 50 MB corpus.
     def encode(self, text: str) -> list[int]:
-        if self._split is None:
-            return list(text.encode("utf-8"))
-        ids: list[int] = []
-        for i, piece in enumerate(self._split.split(text)):
-            # re.split with one group alternates text (even i) and the special token that ended it (odd i).
-            ids += [self._specials[piece]] if i % 2 else list(piece.encode("utf-8"))
-        return ids
+        return list(text.encode("utf-8")) if not self.chat else super().encode(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        if self._split is not None:
+        if self.chat:
             return super().encode_batch(texts)
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        # A model can emit a byte sequence that is not valid UTF-8; show it rather than fail.
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._specials.get(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        if 0 <= token_id < 256:
-            return bytes([token_id]).decode("latin-1")
-        return self._names.get(token_id)
 
     def with_chat_tokens(self) -> ByteTokenizer:
         return self if self.chat else ByteTokenizer(chat=True)
 
     def _serialized(self) -> bytes:
-        return b"fullband-byte-tokenizer-v1" + (b"+chat" if self.chat else b"")
+        return _BYTE_SERIALIZED + (b"+chat" if self.chat else b"")
 
     def _save_files(self, directory: Path) -> None:
         pass
 
 
-class _TokenizersLibTokenizer(Tokenizer):
-    """Shared code for tokenizers backed by a `tokenizers.Tokenizer` (tokenizer.json)."""
-
-    def __init__(self, tok, bos_id: int, eos_id: int, pad_id: int) -> None:
-        self._tok = tok
-        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Ids and the (start, end) character span of each token in ``text``."""
-        encoding = self._tok.encode(text, add_special_tokens=False)
-        return encoding.ids, encoding.offsets
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._tok.token_to_id(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        return self._tok.id_to_token(token_id)
-
-    def _chat_extended(self):
-        """A copy of the backing tokenizer with CHAT_TOKENS added as special tokens (appended ids)."""
-        from tokenizers import AddedToken
-        from tokenizers import Tokenizer as HFTok
-
-        tok = HFTok.from_str(self._tok.to_str())
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
-        return tok
-
-    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        # Our framing tokens need not be registered as special in tokenizer.json, so drop them by id.
-        framing = {self.bos_id, self.eos_id, self.pad_id}
-        return self._tok.decode([int(i) for i in ids if int(i) not in framing], skip_special_tokens=True)
-
-    def _serialized(self) -> bytes:
-        specials = f"|bos={self.bos_id}|eos={self.eos_id}|pad={self.pad_id}"
-        return (self._tok.to_str() + specials).encode()
-
-
-class BPETokenizer(_TokenizersLibTokenizer):
+class BPETokenizer(Tokenizer):
     """Byte-level BPE (GPT-2 style) trained on the corpus; <bos>, <eos>, <pad> are ids 0, 1, 2."""
 
     kind = "bpe"
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTok
-        from tokenizers import decoders, models, pre_tokenizers, trainers
-
-        tok = HFTok(models.BPE())
+        tok = Backend(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
@@ -221,30 +195,13 @@ class BPETokenizer(_TokenizersLibTokenizer):
         tok.train_from_iterator(texts, trainer)
         return cls(tok, *(tok.token_to_id(t) for t in BPE_SPECIAL_TOKENS))
 
-    @classmethod
-    def load(cls, directory: Path, marker: dict) -> BPETokenizer:
-        from tokenizers import Tokenizer as HFTok
-
-        tok = HFTok.from_file(str(directory / "tokenizer.json"))
-        return cls(tok, marker["bos_id"], marker["eos_id"], marker["pad_id"])
-
-    def _save_files(self, directory: Path) -> None:
-        self._tok.save(str(directory / "tokenizer.json"))
-
-    def with_chat_tokens(self) -> BPETokenizer:
-        if self.has_chat_tokens:
-            return self
-        extended = BPETokenizer(self._chat_extended(), self.bos_id, self.eos_id, self.pad_id)
-        extended.base_fingerprint = self.fingerprint()
-        return extended
-
 
 # Names models commonly use for end-of-text, tried in order when a tokenizer dir does not say.
 _EOS_FALLBACKS = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|eos|>", "[SEP]")
 _HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
-class HFTokenizer(_TokenizersLibTokenizer):
+class HFTokenizer(Tokenizer):
     """Any local Hugging Face tokenizer directory that contains tokenizer.json.
 
     Special tokens come from tokenizer_config.json, then special_tokens_map.json. If no eos token is
@@ -255,8 +212,6 @@ class HFTokenizer(_TokenizersLibTokenizer):
     kind = "hf"
 
     def __init__(self, directory: str | Path) -> None:
-        from tokenizers import Tokenizer as HFTok
-
         directory = Path(directory)
         if not (directory / "tokenizer.json").is_file():
             raise DataError(
@@ -266,38 +221,26 @@ class HFTokenizer(_TokenizersLibTokenizer):
             )
         self.directory = directory
         try:
-            tok = HFTok.from_file(str(directory / "tokenizer.json"))
+            tok = Backend.from_file(str(directory / "tokenizer.json"))
         except Exception as e:
             raise DataError(
                 f"Could not read {directory / 'tokenizer.json'} as a Hugging Face tokenizer ({e}). "
                 "Check that the file is complete and was written by a compatible `tokenizers` version."
             ) from e
-        names: dict[str, str] = {}
-        self.chat_template = _read_chat_template(directory)
-        for fname in reversed(_HF_CONFIG_FILES):  # tokenizer_config.json wins, so read it last
-            path = directory / fname
-            if not path.is_file():
-                continue
-            try:
-                config = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path} is not valid JSON ({e}); fix or remove it.") from None
-            for role in ("bos", "eos", "pad"):
-                token = _token_content(config.get(f"{role}_token"))
-                if token is not None:
-                    names[role] = token
-        ids = {role: tok.token_to_id(token) for role, token in names.items()}
-        if ids.get("eos") is None:
-            ids["eos"] = next((tok.token_to_id(t) for t in _EOS_FALLBACKS
-                               if tok.token_to_id(t) is not None), None)
+        configs = [_read_config(directory / fname) for fname in _HF_CONFIG_FILES]
+        self.chat_template = _chat_template(directory, configs[0])
+        # The first config naming a role's token wins; an eos not in the vocabulary falls back as a missing one.
+        ids = {role: next((tok.token_to_id(name) for config in configs
+                           if (name := _token_content(config.get(f"{role}_token"))) is not None), None)
+               for role in ("bos", "eos", "pad")}
+        if ids["eos"] is None:
+            ids["eos"] = next((i for i in map(tok.token_to_id, _EOS_FALLBACKS) if i is not None), None)
         if ids["eos"] is None:
             raise DataError(
                 f"Tokenizer {directory} names no end-of-text token and none of {', '.join(_EOS_FALLBACKS)} "
                 "is in its vocabulary. Add \"eos_token\": \"<your end token>\" to tokenizer_config.json."
             )
-        bos = ids.get("bos") if ids.get("bos") is not None else ids["eos"]
-        pad = ids.get("pad") if ids.get("pad") is not None else ids["eos"]
-        super().__init__(tok, bos, ids["eos"], pad)
+        super().__init__(tok, *(ids[role] if ids[role] is not None else ids["eos"] for role in ("bos", "eos", "pad")))
 
     def _save_files(self, directory: Path) -> None:
         same = directory.resolve() == self.directory.resolve()
@@ -308,31 +251,26 @@ class HFTokenizer(_TokenizersLibTokenizer):
             if not same and (self.directory / fname).is_file():
                 shutil.copyfile(self.directory / fname, directory / fname)
 
-    def with_chat_tokens(self) -> HFTokenizer:
-        if self.chat_template is not None or self.has_chat_tokens:
-            return self
-        extended = copy.copy(self)
-        extended._tok = self._chat_extended()
-        extended.vocab_size = extended._tok.get_vocab_size(with_added_tokens=True)
-        extended.base_fingerprint = self.fingerprint()
-        return extended
-
 
 _CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
-def _read_chat_template(directory: Path) -> str | None:
+def _read_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} is not valid JSON ({e}); fix or remove it.") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _chat_template(directory: Path, config: dict) -> str | None:
     """The tokenizer's own chat template: chat_template.jinja, else tokenizer_config.json's chat_template
     (a string, or a list of named templates of which "default" is used)."""
     if (directory / _CHAT_TEMPLATE_FILE).is_file():
         return (directory / _CHAT_TEMPLATE_FILE).read_text()
-    path = directory / "tokenizer_config.json"
-    if not path.is_file():
-        return None
-    try:
-        template = json.loads(path.read_text()).get("chat_template")
-    except (json.JSONDecodeError, AttributeError):
-        return None  # reported with a clear message where the special tokens are read
+    template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
@@ -365,7 +303,8 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     if kind == "byte":
         tok: Tokenizer = ByteTokenizer(chat=bool(marker.get("chat_tokens")))
     elif kind == "bpe":
-        tok = BPETokenizer.load(directory, marker)
+        backend = Backend.from_file(str(directory / "tokenizer.json"))
+        tok = BPETokenizer(backend, marker["bos_id"], marker["eos_id"], marker["pad_id"])
     elif kind == "hf":
         tok = HFTokenizer(directory)
     else:
@@ -383,22 +322,17 @@ def build_tokenizer(cfg: DataConfig, train_texts: Iterable[str], chat: bool = Fa
     """The tokenizer `cfg.tokenizer` asks for; only "bpe" reads (trains on) the texts. ``chat``: extended
     for the built-in chat template (unless it has its own). A directory saved by fullband (a model's or
     dataset's tokenizer/) is loaded as what it is, so fine-tuning data matches the model's tokenizer."""
-    tok = _build_base_tokenizer(cfg, train_texts)
-    return tok.with_chat_tokens() if chat else tok
-
-
-def _build_base_tokenizer(cfg: DataConfig, train_texts: Iterable[str]) -> Tokenizer:
-    if cfg.tokenizer == "byte":
-        return ByteTokenizer()
-    if cfg.tokenizer == "bpe":
-        return BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
     path = Path(cfg.tokenizer).expanduser()
-    if (path / MARKER).is_file():
-        return load_tokenizer(path)
-    if not path.is_dir():
+    if cfg.tokenizer == "byte":
+        tok: Tokenizer = ByteTokenizer()
+    elif cfg.tokenizer == "bpe":
+        tok = BPETokenizer.train(train_texts, cfg.bpe_vocab_size)
+    elif path.is_dir():
+        tok = load_tokenizer(path) if (path / MARKER).is_file() else HFTokenizer(path)
+    else:
         raise DataError(
             f"data.tokenizer={cfg.tokenizer!r} is neither 'byte', 'bpe' nor an existing directory. "
             "Give a local Hugging Face tokenizer directory (containing tokenizer.json); downloading "
             "tokenizers by name is not supported, save one with AutoTokenizer.save_pretrained first."
         )
-    return HFTokenizer(path)
+    return tok.with_chat_tokens() if chat else tok

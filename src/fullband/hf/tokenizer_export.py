@@ -1,10 +1,9 @@
 """Hugging Face tokenizer files for fullband's own tokenizers (byte and BPE), so that an exported model
 loads with ``AutoTokenizer`` / ``pipeline("text-generation")`` and encodes and decodes exactly as fullband.
 
-- byte: a byte-level BPE without merges whose 256 symbols are the bytes (ids 0..255, in byte order),
-  special tokens after them. Plain byte tokenizers read special-token strings as bytes, so the export
-  sets ``split_special_tokens``; the chat extension recognises them (see ``ByteTokenizer``), so it does not.
-- bpe: the tokenizer's own ``tokenizer.json``.
+- byte and bpe: the tokenizer's own ``tokenizers.Tokenizer`` (for bytes a byte-level BPE without merges, see
+  ``ByteTokenizer``). Plain byte tokenizers read special-token strings as bytes, so the export sets
+  ``split_special_tokens``; the chat extension recognises them, so it does not.
 
 Both get a post-processor that puts ``<bos>`` first, as ``fullband.loading.encode_prompt`` does, so that
 ``tokenizer(text)`` gives the ids a fullband prompt has (``add_special_tokens=False``: ``Tokenizer.encode``).
@@ -19,9 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as Backend
+from tokenizers import processors
+
 from fullband.data.chat import BUILTIN_CHAT_TEMPLATE
 from fullband.data.tokenizers import (
-    BPE_SPECIAL_TOKENS,
     CHAT_TOKENS,
     MARKER,
     BPETokenizer,
@@ -38,15 +39,19 @@ def saved_tokenizer(directory: Path) -> Tokenizer | None:
     return load_tokenizer(directory) if (directory / MARKER).is_file() else None
 
 
-def _builtin_chat_hf(tokenizer: Tokenizer | None) -> bool:
-    return isinstance(tokenizer, HFTokenizer) and tokenizer.chat_template is None and tokenizer.has_chat_tokens
+def _own_or_builtin_chat(tokenizer: Tokenizer | None) -> bool:
+    """Whether the export writes or amends the Hugging Face tokenizer files: a byte or BPE tokenizer, or a
+    Hugging Face one extended with the built-in chat tokens."""
+    if isinstance(tokenizer, HFTokenizer):
+        return tokenizer.chat_template is None and tokenizer.has_chat_tokens
+    return isinstance(tokenizer, (ByteTokenizer, BPETokenizer))
 
 
 def generation_ids(tokenizer: Tokenizer | None) -> dict[str, Any]:
     """Entries for generation_config.json: bos/eos/pad ids of fullband's byte and BPE tokenizers, and for any
     tokenizer with the built-in chat tokens an eos that includes <|im_end|>, so that generation stops at the
     end of an assistant turn. Empty for other tokenizers (their own generation config applies)."""
-    if not isinstance(tokenizer, (ByteTokenizer, BPETokenizer)) and not _builtin_chat_hf(tokenizer):
+    if not _own_or_builtin_chat(tokenizer):
         return {}
     eos: Any = tokenizer.eos_id
     if tokenizer.has_chat_tokens:
@@ -55,81 +60,34 @@ def generation_ids(tokenizer: Tokenizer | None) -> dict[str, Any]:
 
 
 def write_tokenizer_files(tokenizer: Tokenizer | None, dst: Path, max_length: int) -> None:
-    """After the tokenizer directory's files were copied to ``dst``: write Hugging Face files for a byte or
-    BPE tokenizer, or add the built-in chat template to an extended Hugging Face tokenizer's config."""
-    if isinstance(tokenizer, (ByteTokenizer, BPETokenizer)):
-        write_hf_tokenizer(tokenizer, dst, max_length)
-    elif _builtin_chat_hf(tokenizer):
-        path = dst / "tokenizer_config.json"
-        config = json.loads(path.read_text()) if path.is_file() else {}
-        config["chat_template"] = BUILTIN_CHAT_TEMPLATE
-        config["additional_special_tokens"] = list(CHAT_TOKENS)
-        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """The printable character GPT-2's byte-level pre-tokenizer uses for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-def _byte_backend(tokenizer: ByteTokenizer):
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTok
-
-    vocab = {char: b for b, char in _bytes_to_unicode().items()}
-    backend = HFTok(models.BPE(vocab=vocab, merges=[]))
-    # No regex split: without merges every byte is its own token anyway.
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    names = [*BPE_SPECIAL_TOKENS, *(CHAT_TOKENS if tokenizer.chat else ())]
-    backend.add_special_tokens([AddedToken(name, special=True, normalized=False) for name in names])
-    for name in names:
-        if backend.token_to_id(name) != tokenizer.token_to_id(name):
-            raise AssertionError(f"byte tokenizer export: {name} got id {backend.token_to_id(name)}")
-    return backend
-
-
-def write_hf_tokenizer(tokenizer: Tokenizer, dst: Path, max_length: int) -> None:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json for a fullband byte or BPE
-    tokenizer into ``dst``."""
-    from tokenizers import processors
-
-    if isinstance(tokenizer, ByteTokenizer):
-        backend = _byte_backend(tokenizer)
-        split_special = not tokenizer.chat
-    elif isinstance(tokenizer, BPETokenizer):
-        from tokenizers import Tokenizer as HFTok
-
-        backend = HFTok.from_str(tokenizer._tok.to_str())
-        split_special = False
+    """After the tokenizer directory's files were copied to ``dst``: write tokenizer.json, tokenizer_config.json
+    and special_tokens_map.json for a byte or BPE tokenizer, or add the built-in chat template to an extended
+    Hugging Face tokenizer's config."""
+    if not _own_or_builtin_chat(tokenizer):
+        return
+    config_path = dst / "tokenizer_config.json"
+    if isinstance(tokenizer, HFTokenizer):
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
     else:
-        raise TypeError(f"write_hf_tokenizer handles fullband's byte and bpe tokenizers, not {tokenizer.kind!r}")
-    bos, eos, pad = (tokenizer.id_to_token(i) for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)]
-    )
-    dst.mkdir(parents=True, exist_ok=True)
-    backend.save(str(dst / "tokenizer.json"))
-    special = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **special,
-        "model_max_length": max_length,
-        "padding_side": "left",  # decoder-only generation pads on the left
-        "clean_up_tokenization_spaces": False,
-        "split_special_tokens": split_special,
-    }
+        backend = Backend.from_str(tokenizer._tok.to_str())
+        bos, eos, pad = (tokenizer.id_to_token(i) for i in (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id))
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)]
+        )
+        backend.save(str(dst / "tokenizer.json"))
+        special: dict[str, Any] = {"bos_token": bos, "eos_token": eos, "pad_token": pad}
+        if tokenizer.has_chat_tokens:
+            special["additional_special_tokens"] = list(CHAT_TOKENS)
+        (dst / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **special,
+            "model_max_length": max_length,
+            "padding_side": "left",  # decoder-only generation pads on the left
+            "clean_up_tokenization_spaces": False,
+            "split_special_tokens": tokenizer._tok.encode_special_tokens,
+        }
     if tokenizer.has_chat_tokens:
         config["chat_template"] = BUILTIN_CHAT_TEMPLATE
         config["additional_special_tokens"] = list(CHAT_TOKENS)
-        special["additional_special_tokens"] = list(CHAT_TOKENS)
-    (dst / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    (dst / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
