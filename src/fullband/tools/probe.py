@@ -88,19 +88,13 @@ def probe_accuracy(features: torch.Tensor, labels: np.ndarray, groups: np.ndarra
 
 
 def _token_of_char(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
-    """Token ids of ``text`` and, per character, the index of the token holding its last byte."""
-    if hasattr(tokenizer, "encode_with_offsets"):
-        ids, spans = tokenizer.encode_with_offsets(text)
-        owner = [0] * len(text)
-        for i, (start, end) in enumerate(spans):
-            for c in range(start, end):
-                owner[c] = i
-        return ids, owner
-    ids = tokenizer.encode(text)
-    if len(ids) != len(text.encode("utf-8")):
-        raise FullbandError("probe needs a byte-level tokenizer or one that reports character offsets")
-    ends = np.cumsum([len(ch.encode("utf-8")) for ch in text]) - 1
-    return ids, [int(e) for e in ends]
+    """Token ids of ``text`` and, per character, the index of the last token holding it."""
+    ids, spans = tokenizer.encode_with_offsets(text)
+    owner = [0] * len(text)
+    for i, (start, end) in enumerate(spans):
+        for c in range(start, end):
+            owner[c] = i
+    return ids, owner
 
 
 def parse_probe_modes(text: str) -> list[tuple[str, int]]:
