@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fullband.baselines.base import BaselineConfig, RecurrentLM, RecurrentState
-from fullband.model import MLP, RMSNorm
+from fullband.model import MLP, RMSNorm, segment_positions
 
 
 class DeltaState(RecurrentState):
@@ -190,10 +190,9 @@ class DeltaProductLM(RecurrentLM):
 
     def mix(self, x: torch.Tensor, state: DeltaState | None, write: torch.Tensor | None,
             segment_ids: torch.Tensor | None) -> torch.Tensor:
-        keep = None
-        if segment_ids is not None:
-            keep = torch.ones_like(segment_ids, dtype=torch.bool)
-            keep[:, 1:] = segment_ids[:, 1:] == segment_ids[:, :-1]
+        # Every document but a row's first restarts S (a row's first starts from the zero state anyway: packed
+        # documents come without a cache).
+        keep = None if segment_ids is None else segment_positions(segment_ids) > 0
         finals = []
         for i, layer in enumerate(self.layers):
             x, S = layer(x, write, keep, None if state is None else state.S[i])

@@ -55,10 +55,8 @@ class LSTMLM(RecurrentLM):
         """Each run of equal segment ids from a zero state: the documents of all rows are gathered into one
         right-padded batch (padding after a document cannot change its outputs), run, and scattered back."""
         B, T, D = x.shape
-        starts = torch.ones_like(segment_ids, dtype=torch.bool)
-        starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-        document = starts.flatten().long().cumsum(0) - 1  # (B*T,) index of each token's document
         position = segment_positions(segment_ids).flatten()
+        document = (position == 0).long().cumsum(0) - 1  # (B*T,) index of each token's document
         docs = x.new_zeros(int(document[-1]) + 1, int(position.max()) + 1, D)
         docs = docs.index_put((document, position), x.reshape(B * T, D))
         out, _ = self.lstm(docs)
