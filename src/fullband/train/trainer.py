@@ -31,6 +31,7 @@ from fullband.data.shards import IGNORE_INDEX
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult
+from fullband.loading import default_device
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
@@ -111,9 +112,7 @@ class Trainer:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = self.cfg.train.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = default_device() if self.cfg.train.device == "auto" else self.cfg.train.device
         if device == "cuda" and self.world_size > 1:
             device = f"cuda:{local_rank}"
         self.device = torch.device(device)
