@@ -3,6 +3,7 @@ the Jacobi convergence of the pass iteration (docs/method.md §8)."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -54,13 +55,12 @@ def evaluate(
     # A model without feedback (a recurrent baseline) has one pass and no recurrence: its standard loss is all it has.
     passes = fused_passes + 1 if model.has_feedback else 1
     sequential = sequential and model.has_feedback
+    autocast = autocast or torch.autocast("cpu", enabled=False)
     was_training = model.training
     model.eval()
-    sums: dict[str, float] = {}
-    deltas: dict[str, float] = {}
-    gaps: dict[str, float] = {}
+    # Sums of the losses, of the Jacobi deltas and of the sequential gaps, divided by their counts at the end.
+    sums, deltas, gaps = defaultdict(float), defaultdict(float), defaultdict(float)
     positions = scored = 0  # all positions (Jacobi / sequential gaps) and trained targets (losses)
-    result = EvalResult()
     for batch in batches:
         ids = batch.input_ids.to(model.device)
         targets = batch.targets.to(model.device)
@@ -69,29 +69,24 @@ def evaluate(
         scored += int((targets != IGNORE_INDEX).sum())  # losses are means over the trained (unmasked) targets
         positions += targets.numel()
         states = []  # each pass's top states; its logits are scored and dropped as the pass comes out
-        with autocast or torch.autocast("cpu", enabled=False):
-            for k, step in enumerate(model.iterate_passes(ids, passes, plain_mask=plain,
-                                                          segment_ids=segments)):
-                name = "standard" if k == 0 else f"fused({k})"
-                sums[name] = sums.get(name, 0.0) + _loss_sum(step.logits, targets)
+        with autocast:
+            for k, step in enumerate(model.iterate_passes(ids, passes, plain_mask=plain, segment_ids=segments)):
+                sums["standard" if k == 0 else f"fused({k})"] += _loss_sum(step.logits, targets)
                 states.append(step.hidden)
         for k in range(1, len(states)):
-            deltas[str(k + 1)] = deltas.get(str(k + 1), 0.0) + float(_relative_gap(states[k], states[k - 1]))
+            deltas[str(k + 1)] += float(_relative_gap(states[k], states[k - 1]))
         if sequential:
-            with autocast or torch.autocast("cpu", enabled=False):
+            with autocast:
                 logits, hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=segments)
-            sums["sequential"] = sums.get("sequential", 0.0) + _loss_sum(logits, targets)
+            sums["sequential"] += _loss_sum(logits, targets)
             for k, h in enumerate(states):
-                gaps[str(k + 1)] = gaps.get(str(k + 1), 0.0) + float(_relative_gap(h, hidden))
+                gaps[str(k + 1)] += float(_relative_gap(h, hidden))
     model.train(was_training)
     if positions == 0:
-        return result
-    result.tokens = scored
-    for name, total in sums.items():
-        result.loss[name] = total / max(scored, 1)
-    result.jacobi_delta = {k: v / positions for k, v in deltas.items()}
-    result.sequential_gap = {k: v / positions for k, v in gaps.items()}
-    return result
+        return EvalResult()
+    return EvalResult(tokens=scored, loss={name: total / max(scored, 1) for name, total in sums.items()},
+                      jacobi_delta={k: v / positions for k, v in deltas.items()},
+                      sequential_gap={k: v / positions for k, v in gaps.items()})
 
 
 def format_eval_table(results: dict[str, EvalResult]) -> str:

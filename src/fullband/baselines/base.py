@@ -9,7 +9,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandConfig, FullBandLM, ModelOutput, RMSNorm
@@ -90,18 +89,31 @@ class BaselineConfig:
         return cls(**data)
 
 
+class RecurrentState:
+    """A recurrent baseline's cache: tensors of (n_layers, B, ...), a state per layer and row. Unlike a KV cache it
+    does not grow with the context."""
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        """Keep (or reorder) batch rows by index: the decode engine drops finished rows."""
+        for name, tensor in list(vars(self).items()):
+            setattr(self, name, tensor.index_select(1, index))
+
+
 class RecurrentLM(nn.Module):
     """Embedding -> a subclass's ``mix`` (its layers, carrying a state per row) -> RMSNorm -> the head (tied to the
     embedding or not). A subclass sets ``arch`` (its config's), ``kind`` (how messages name it), ``mix`` and
-    ``new_cache``."""
+    ``state_class`` (its cache)."""
 
     has_feedback = False
     arch: str
     kind = "a recurrent model"
+    state_class: type[RecurrentState]
 
-    # The same storage as FullBandLM (config.json with the arch, safetensors, decode defaults).
+    # The same storage as FullBandLM (config.json with the arch, safetensors, decode defaults), and its head.
     save_pretrained = FullBandLM.save_pretrained
     from_weights = classmethod(FullBandLM.from_weights.__func__)
+    device = FullBandLM.device
+    head = FullBandLM.head
 
     def __init__(self, config: BaselineConfig):
         super().__init__()
@@ -156,18 +168,17 @@ class RecurrentLM(nn.Module):
         if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
             write = attention_mask[:, -T:].bool()
         normed = self.norm(self.mix(self.embed(input_ids), state, write, segment_ids))
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(normed[:, -logits_to_keep:] if logits_to_keep else normed, weight)
-        return ModelOutput(logits=logits, hidden=normed, past_key_values=state if use_cache else None)
+        return ModelOutput(logits=self.head(normed, logits_to_keep), hidden=normed,
+                           past_key_values=state if use_cache else None)
 
     @property
     def no_feedback(self) -> str:
         """The refusal of soft and fused decoding, Jacobi passes and fed-back states."""
         return f"{self.kind} has no latent feedback; use decode_mode standard"
 
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
+    def new_cache(self, batch_size: int, max_len: int) -> RecurrentState:
+        """Zero states for ``batch_size`` rows; their size does not depend on ``max_len``."""
+        return self.state_class(self.config, batch_size, self.device, self.embed.weight.dtype)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -33,21 +33,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fullband.baselines.base import BaselineConfig, RecurrentLM
-from fullband.model import MLP, RMSNorm
+from fullband.baselines.base import BaselineConfig, RecurrentLM, RecurrentState
+from fullband.model import MLP, RMSNorm, segment_positions
 
 
-class DeltaState:
+class DeltaState(RecurrentState):
     """DeltaProductLM's cache: every layer's state S for each row and head, (n_layers, B, n_heads, d, d) with
-    d = d_model // n_heads. Unlike a KV cache it does not grow with the context."""
+    d = d_model // n_heads."""
 
     def __init__(self, config: BaselineConfig, batch_size: int, device: torch.device, dtype: torch.dtype):
         d = config.d_model // config.n_heads
         self.S = torch.zeros(config.n_layers, batch_size, config.n_heads, d, d, device=device, dtype=dtype)
-
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep (or reorder) batch rows by index: the decode engine drops finished rows."""
-        self.S = self.S.index_select(1, index)
 
 
 # Tokens per chunk of the chunkwise form: within a chunk the recurrence is one triangular solve over its
@@ -180,6 +176,7 @@ class DeltaProductBlock(nn.Module):
 class DeltaProductLM(RecurrentLM):
     arch = "deltaproduct"
     kind = "a DeltaProduct model"
+    state_class = DeltaState
 
     def __init__(self, config: BaselineConfig):
         super().__init__(config)
@@ -191,16 +188,11 @@ class DeltaProductLM(RecurrentLM):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
 
-    def new_cache(self, batch_size: int, max_len: int) -> DeltaState:
-        """Zero states for ``batch_size`` rows; their size does not depend on ``max_len``."""
-        return DeltaState(self.config, batch_size, self.device, self.embed.weight.dtype)
-
     def mix(self, x: torch.Tensor, state: DeltaState | None, write: torch.Tensor | None,
             segment_ids: torch.Tensor | None) -> torch.Tensor:
-        keep = None
-        if segment_ids is not None:
-            keep = torch.ones_like(segment_ids, dtype=torch.bool)
-            keep[:, 1:] = segment_ids[:, 1:] == segment_ids[:, :-1]
+        # Every document but a row's first restarts S (a row's first starts from the zero state anyway: packed
+        # documents come without a cache).
+        keep = None if segment_ids is None else segment_positions(segment_ids) > 0
         finals = []
         for i, layer in enumerate(self.layers):
             x, S = layer(x, write, keep, None if state is None else state.S[i])

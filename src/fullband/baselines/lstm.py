@@ -13,27 +13,23 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from fullband.baselines.base import BaselineConfig, RecurrentLM
+from fullband.baselines.base import BaselineConfig, RecurrentLM, RecurrentState
 from fullband.model import segment_positions
 
 
-class LSTMState:
-    """The LSTM's cache: the (h, c) state of every layer for each row, (n_layers, B, d_model) each. Unlike a
-    KV cache it does not grow with the context."""
+class LSTMState(RecurrentState):
+    """The LSTM's cache: the (h, c) state of every layer for each row, (n_layers, B, d_model) each."""
 
     def __init__(self, config: BaselineConfig, batch_size: int, device: torch.device, dtype: torch.dtype):
         shape = (config.n_layers, batch_size, config.d_model)
         self.h = torch.zeros(shape, device=device, dtype=dtype)
         self.c = torch.zeros(shape, device=device, dtype=dtype)
 
-    def select_rows(self, index: torch.Tensor) -> None:
-        """Keep (or reorder) batch rows by index: the decode engine drops finished rows."""
-        self.h, self.c = self.h.index_select(1, index), self.c.index_select(1, index)
-
 
 class LSTMLM(RecurrentLM):
     arch = "lstm"
     kind = "an LSTM"
+    state_class = LSTMState
 
     def __init__(self, config: BaselineConfig):
         super().__init__(config)
@@ -43,10 +39,6 @@ class LSTMLM(RecurrentLM):
         for module in (self.embed, self.lm_head):
             if module is not None:
                 nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
-
-    def new_cache(self, batch_size: int, max_len: int) -> LSTMState:
-        """An empty state for ``batch_size`` rows; its size does not depend on ``max_len``."""
-        return LSTMState(self.config, batch_size, self.device, self.embed.weight.dtype)
 
     def mix(self, x: torch.Tensor, state: LSTMState | None, write: torch.Tensor | None,
             segment_ids: torch.Tensor | None) -> torch.Tensor:
@@ -63,10 +55,8 @@ class LSTMLM(RecurrentLM):
         """Each run of equal segment ids from a zero state: the documents of all rows are gathered into one
         right-padded batch (padding after a document cannot change its outputs), run, and scattered back."""
         B, T, D = x.shape
-        starts = torch.ones_like(segment_ids, dtype=torch.bool)
-        starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-        document = starts.flatten().long().cumsum(0) - 1  # (B*T,) index of each token's document
         position = segment_positions(segment_ids).flatten()
+        document = (position == 0).long().cumsum(0) - 1  # (B*T,) index of each token's document
         docs = x.new_zeros(int(document[-1]) + 1, int(position.max()) + 1, D)
         docs = docs.index_put((document, position), x.reshape(B * T, D))
         out, _ = self.lstm(docs)

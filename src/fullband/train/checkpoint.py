@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -46,6 +46,9 @@ from fullband.storage import (
     single_process_dcp,
 )
 
+# The whole (unsharded) state on the CPU: what a full checkpoint or RUN/best holds.
+FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
 
 def _fsync_tree(directory: Path) -> None:
     for path in sorted(directory.rglob("*")):
@@ -57,67 +60,48 @@ def _fsync_tree(directory: Path) -> None:
 def write_checkpoint(
     run_dir: Path,
     step: int,
-    model_state: dict[str, torch.Tensor],
+    model_state: dict[str, torch.Tensor] | None,
     model_config: Any,
     decode: DecodeSettings,
     tokenizer_dir: Path | None,
     optimizer_state: Any,
     trainer_state: dict[str, Any],
     keep: int,
+    shards: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones."""
-    root = RunDir(run_dir).checkpoints
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp-{PREFIX}{step:08d}"
-    _write_model_dir(tmp, model_state, model_config, decode, tokenizer_dir)
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-    _seal(tmp, step)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones.
 
-
-def write_dcp_checkpoint(
-    run_dir: Path,
-    step: int,
-    state: dict[str, Any],
-    model_config: Any,
-    decode: DecodeSettings,
-    tokenizer_dir: Path | None,
-    trainer_state: dict[str, Any],
-    keep: int,
-) -> Path:
-    """Write checkpoint ``step`` in DCP format: every rank calls this with its own (possibly sharded)
-    ``state`` = {"model": ..., "optimizer": ...} and writes its own shards, nothing is gathered. Atomic as
-    ``write_checkpoint``: rank 0 seals the temporary directory (manifest written last, with the sha256 each
-    rank computed of its own shards) and renames it into place once every rank has written."""
-    distributed = dist.is_available() and dist.is_initialized()
+    With ``shards`` = {"model": ..., "optimizer": ...}, this rank's own (possibly sharded) state, the checkpoint is
+    in DCP format (``model_state`` and ``optimizer_state`` None): every rank calls this and writes its own shards,
+    nothing is gathered; rank 0 seals the directory with the sha256 each rank computed of its own shards, once
+    every rank has written."""
+    distributed = shards is not None and dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     root = RunDir(run_dir).checkpoints
-    final = root / f"{PREFIX}{step:08d}"
-    tmp = root / f".tmp-{PREFIX}{step:08d}"
+    final, tmp = root / f"{PREFIX}{step:08d}", root / f".tmp-{PREFIX}{step:08d}"
     if rank == 0:
-        _write_model_dir(tmp, None, model_config, decode, tokenizer_dir)
-        (tmp / DCP_DIR).mkdir()
+        _write_model_dir(tmp, model_state, model_config, decode, tokenizer_dir)
+        if shards is None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
         torch.save({"torch": torch.get_rng_state()}, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
-    if distributed:
-        dist.barrier()  # the fresh temporary directory exists before any rank writes into it
-    with contextlib.nullcontext() if distributed else single_process_dcp():
-        dcp.save(state, storage_writer=FileSystemWriter(str(tmp / DCP_DIR)), no_dist=not distributed)
-    # Each rank hashes the shards it wrote (files __RANK_*.distcp), in parallel; rank 0 hashes the rest.
-    mine = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
-            for p in sorted((tmp / DCP_DIR).glob(f"__{rank}_*"))}
-    gathered = [None] * dist.get_world_size() if distributed else [mine]
-    if distributed:
-        dist.all_gather_object(gathered, mine)
+    known = {}
+    if shards is not None:
+        if rank == 0:
+            (tmp / DCP_DIR).mkdir()
+        if distributed:
+            dist.barrier()  # the fresh temporary directory exists before any rank writes into it
+        with contextlib.nullcontext() if distributed else single_process_dcp():
+            dcp.save(shards, storage_writer=FileSystemWriter(str(tmp / DCP_DIR)), no_dist=not distributed)
+        # Each rank hashes the shards it wrote (files __RANK_*.distcp), in parallel; rank 0 hashes the rest.
+        mine = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
+                for p in sorted((tmp / DCP_DIR).glob(f"__{rank}_*"))}
+        gathered = [None] * dist.get_world_size() if distributed else [mine]
+        if distributed:
+            dist.all_gather_object(gathered, mine)
+        known = {name: meta for part in gathered for name, meta in part.items()}
     if rank == 0:
-        _seal(tmp, step, known={name: meta for part in gathered for name, meta in part.items()}, fmt="dcp")
+        _seal(tmp, step, known, fmt="full" if shards is None else "dcp")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -201,54 +185,46 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     }
 
 
+@dataclass
 class CheckpointManager:
     """A run's checkpoints as the trainer uses them: ``save`` one at a step (the whole state from rank 0, or each
     rank's DCP shards), ``save_best`` the kept model, and ``resume`` the newest valid one into a model and its
     optimizers, whatever the world size and sharding that wrote it. Every rank calls each method (the state dicts
     are collectives under FSDP); only rank 0 writes whole files."""
 
-    def __init__(self, out_dir: Path, fmt: str, model_config: Any, decode: DecodeSettings, tokenizer_dir: Path,
-                 keep: int, world_size: int, is_main: bool, log: Callable[[str], None]):
-        self.out_dir, self.format, self.model_config, self.decode = out_dir, fmt, model_config, decode
-        self.tokenizer_dir, self.keep, self.world_size, self.is_main, self.log = (tokenizer_dir, keep, world_size,
-                                                                                 is_main, log)
+    out_dir: Path
+    format: str  # "full" or "dcp": the format written; either is read
+    model_config: Any
+    decode: DecodeSettings
+    tokenizer_dir: Path
+    keep: int
+    world_size: int
+    is_main: bool
+    log: Callable[[str], None]
 
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
 
-    @staticmethod
-    def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-        """The full (unsharded) weights on the CPU; a collective under FSDP, so every rank calls it."""
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    @staticmethod
-    def sharded_state(model: nn.Module, optimizers: list) -> dict[str, Any]:
-        """{"model": ..., "optimizer": ...} as each rank holds them (DTensor shards under FSDP): what a DCP
-        checkpoint saves, and loads into whatever the sharding of the run that reads it."""
-        model_state, optimizer_state = get_state_dict(model, optimizers)
-        return {MODEL_KEY: model_state, "optimizer": optimizer_state}
-
     def save(self, model: nn.Module, optimizers: list, trainer_state: dict[str, Any]) -> None:
         """RUN/checkpoints/step_N with the model, optimizer state, RNG and ``trainer_state`` (its "step" names it)."""
+        files = (self.model_config, self.decode, self.tokenizer_dir)
+        step = trainer_state["step"]
         if self.format == "dcp":
             # Every rank writes its own shards: no rank ever holds the whole model or optimizer state.
-            path = write_dcp_checkpoint(self.out_dir, trainer_state["step"], self.sharded_state(model, optimizers),
-                                        self.model_config, self.decode, self.tokenizer_dir, trainer_state, self.keep)
-            self.log(f"checkpoint {path}")
-            return
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = self.model_state(model)
-        optimizer_state = get_optimizer_state_dict(model, optimizers, options=options)
-        if self.is_main:
-            path = write_checkpoint(self.out_dir, trainer_state["step"], model_state, self.model_config, self.decode,
-                                    self.tokenizer_dir, optimizer_state, trainer_state, self.keep)
-            self.log(f"checkpoint {path}")
-        self._barrier()
+            model_state, optimizer_state = get_state_dict(model, optimizers)
+            shards = {MODEL_KEY: model_state, "optimizer": optimizer_state}
+            path = write_checkpoint(self.out_dir, step, None, *files, None, trainer_state, self.keep, shards)
+        else:
+            model_state, optimizer_state = get_state_dict(model, optimizers, options=FULL_ON_CPU)
+            path = write_checkpoint(self.out_dir, step, model_state, *files, optimizer_state, trainer_state,
+                                    self.keep) if self.is_main else None
+            self._barrier()
+        self.log(f"checkpoint {path}")  # rank 0's
 
     def save_best(self, model: nn.Module, record: dict[str, Any]) -> None:
         """RUN/best: the model with ``record`` (its step and validation loss) as best.json."""
-        model_state = self.model_state(model)
+        model_state = get_model_state_dict(model, options=FULL_ON_CPU)  # a collective under FSDP
         if self.is_main:
             write_best(self.out_dir, model_state, self.model_config, self.decode, self.tokenizer_dir, record)
         self._barrier()
@@ -271,19 +247,17 @@ class CheckpointManager:
 
     def load(self, model: nn.Module, optimizers: list, checkpoint: Path) -> dict[str, Any]:
         parts = read_checkpoint(checkpoint)
-        if checkpoint_format(checkpoint) == "dcp":
-            model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)
-            set_model_state_dict(model, model_state)
-            options = StateDictOptions(strict=False)
-        else:
-            model_state = read_model_weights(checkpoint / "model")
-            set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=True))
-            optimizer_state = parts["optimizer"]
+        full = checkpoint_format(checkpoint) == "full"
+        if full:
+            model_state, optimizer_state = read_model_weights(checkpoint / "model"), parts["optimizer"]
             saved = set(optimizer_state.get("state", {}))
-            options = StateDictOptions(full_state_dict=True, strict=False)
+        else:
+            model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)
+        set_model_state_dict(model, model_state, options=StateDictOptions(full_state_dict=full))
         # strict=False: parameters that never had a gradient (the fusion weights during the 1-pass phase)
         # have no optimizer state yet, exactly as in an uninterrupted run.
-        set_optimizer_state_dict(model, optimizers, optimizer_state, options=options)
+        set_optimizer_state_dict(model, optimizers, optimizer_state,
+                                 options=StateDictOptions(full_state_dict=full, strict=False))
         # set_optimizer_state_dict first initialises every parameter's state with a zero-gradient step;
         # drop that state again where the checkpoint had none, or those parameters' first real update
         # would see a step count of 2 (Adam bias correction) and the run would not match an uninterrupted one.
@@ -294,18 +268,20 @@ class CheckpointManager:
         torch.set_rng_state(parts["rng"]["torch"])
         return parts["trainer_state"]
 
-    def _read_dcp_state(self, model: nn.Module, optimizers: list, checkpoint: Path) -> tuple[dict, dict, set[str]]:
+    @staticmethod
+    def _read_dcp_state(model: nn.Module, optimizers: list, checkpoint: Path) -> tuple[dict, dict, set[str]]:
         """The model and optimizer state of a DCP checkpoint, read into this run's sharding (any world size:
         DCP reads each rank's pieces from whichever shards hold them), and the names of the parameters that
         have optimizer state in it."""
         shards = checkpoint / DCP_DIR
-        state = self.sharded_state(model, optimizers)
+        model_state, optimizer_state = get_state_dict(model, optimizers)
         entries = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
         # The template holds freshly initialised state for every parameter; read only the parameters the
         # checkpoint has state for (DCP refuses to load entries a checkpoint lacks).
-        saved = {name for name, per_param in state["optimizer"]["state"].items()
+        saved = {name for name, per_param in optimizer_state["state"].items()
                  if all(f"optimizer.state.{name}.{key}" in entries for key in per_param)}
-        state["optimizer"]["state"] = {k: v for k, v in state["optimizer"]["state"].items() if k in saved}
+        optimizer_state["state"] = {k: v for k, v in optimizer_state["state"].items() if k in saved}
+        state = {MODEL_KEY: model_state, "optimizer": optimizer_state}
         try:
             with contextlib.nullcontext() if dist.is_initialized() else single_process_dcp():
                 dcp.load(state, checkpoint_id=str(shards), no_dist=not dist.is_initialized())

@@ -89,21 +89,17 @@ def load_init_weights(model: FullBandLM, model_dir: Path, keep_fusion: bool, see
     """``model_dir``'s weights into ``model``: the fusion's too when kept, else the fusion freshly initialised (the
     paper introduces feedback late in training)."""
     state = grow_vocabulary(read_model_weights(model_dir), model.config.vocab_size)
-    if keep_fusion:
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(
-                f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
-            )
-        log(f"initialised from {model_dir}, fusion weights included (train.init_fusion)")
-        return
-    state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
+    if not keep_fusion:
+        state = {k: v for k, v in state.items() if not k.startswith("fusion.")}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("fusion.")]
+    missing = [k for k in missing if keep_fusion or not k.startswith("fusion.")]
     if missing or unexpected:
         raise CheckpointError(
             f"--init-from {model_dir}: weights do not fit: missing {missing}, unexpected {unexpected}"
         )
+    if keep_fusion:
+        log(f"initialised from {model_dir}, fusion weights included (train.init_fusion)")
+        return
     torch.manual_seed(seed + 1)
     model.reset_fusion_parameters()
     log(f"initialised from {model_dir}; fusion weights freshly initialised")

@@ -92,16 +92,14 @@ def multipass_loss(
     whole step's (every micro-batch on every rank), so that summing the micro-batches' losses gives the step's mean
     over its labels however they are split.
     """
-    if pass_loss not in PASS_LOSSES:
-        raise ValueError(f"pass_loss must be one of {', '.join(PASS_LOSSES)}, got {pass_loss!r}")
+    weights = [pass_weight(k, passes, pass_loss, later_pass_weight) for k in range(passes)]  # checks pass_loss
     if backward_scale is not None and not detach:
         raise ValueError("backward_scale needs detach=True (without detach, passes share one graph)")
     terms, pass_losses = [], []
     steps = model.iterate_passes(input_ids, passes, plain_mask=plain_mask, bos_token_id=bos_token_id, jitter=jitter,
                                  prefix_mixin=prefix_mixin, detach=detach, generator=generator,
                                  segment_ids=segment_ids, grad_passes=grad_passes)
-    for k, step in enumerate(steps):
-        weight = pass_weight(k, passes, pass_loss, later_pass_weight)
+    for weight, step in zip(weights, steps):
         term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index, label_count)
         if backward_scale is not None and term.requires_grad:
             # With detached states, pass k's graph is not needed after its own loss term: backpropagate and

@@ -1,5 +1,5 @@
-"""Where a run's metrics go. The trainer hands every record to one ``RunLog``, which passes it to each sink, so
-they all log the same things, on rank 0 only:
+"""Where a run's metrics go. The trainer hands every record to one ``RunLog``, which writes it and passes it to each
+sink, so they all log the same things, on rank 0 only:
 
 - OUT_DIR/metrics.jsonl (every step's record, as is) and OUT_DIR/eval.jsonl (every evaluation's);
 - TensorBoard (``train.tensorboard``): their numbers as scalars in OUT_DIR/tensorboard;
@@ -16,10 +16,11 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from fullband.errors import ConfigError, FullbandError
 
+METRICS, EVALS = "metrics.jsonl", "eval.jsonl"
 # The step record's fields that are not scalars of their own.
 NOT_SCALARS = ("step", "pass_losses")
 
@@ -45,34 +46,20 @@ def eval_scalars(record: dict[str, Any]) -> dict[str, float]:
     return scalars
 
 
-class Sink(Protocol):
-    def log_train(self, record: dict[str, Any]) -> None: ...
+class ScalarSink:
+    """A sink of named scalars: every record as ``train_scalars`` or ``eval_scalars`` names its numbers."""
 
-    def log_eval(self, record: dict[str, Any]) -> None: ...
-
-    def close(self, failed: bool) -> None: ...
-
-
-class JsonlSink:
-    """metrics.jsonl and eval.jsonl; non-finite values become null, since strict JSON readers reject NaN."""
-
-    def __init__(self, out_dir: Path):
-        self.eval_path = out_dir / "eval.jsonl"
-        self.metrics = open(out_dir / "metrics.jsonl", "a")
+    def log_scalars(self, scalars: dict[str, float], step: int) -> None:
+        raise NotImplementedError
 
     def log_train(self, record: dict[str, Any]) -> None:
-        self.metrics.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
-        self.metrics.flush()
+        self.log_scalars(train_scalars(record), record["step"])
 
     def log_eval(self, record: dict[str, Any]) -> None:
-        with open(self.eval_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def close(self, failed: bool) -> None:
-        self.metrics.close()
+        self.log_scalars(eval_scalars(record), record["step"])
 
 
-class TensorBoardSink:
+class TensorBoardSink(ScalarSink):
     def __init__(self, out_dir: Path):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -82,19 +69,15 @@ class TensorBoardSink:
             ) from None
         self.writer = SummaryWriter(str(out_dir / "tensorboard"))
 
-    def log_train(self, record: dict[str, Any]) -> None:
-        for name, value in train_scalars(record).items():
-            self.writer.add_scalar(name, value, record["step"])
-
-    def log_eval(self, record: dict[str, Any]) -> None:
-        for name, value in eval_scalars(record).items():
-            self.writer.add_scalar(name, value, record["step"])
+    def log_scalars(self, scalars: dict[str, float], step: int) -> None:
+        for name, value in scalars.items():
+            self.writer.add_scalar(name, value, step)
 
     def close(self, failed: bool) -> None:
         self.writer.close()
 
 
-class WandbSink:
+class WandbSink(ScalarSink):
     """One W&B run per invocation of the trainer, its files in OUT_DIR/wandb."""
 
     def __init__(self, out_dir: Path, option: dict[str, Any], config: dict[str, Any], log) -> None:
@@ -118,45 +101,62 @@ class WandbSink:
             log(f"W&B run {self.run.name!r} is offline in {self.run.settings.sync_dir}; upload it with: wandb sync "
                 f"{self.run.settings.sync_dir}")
 
-    def log_train(self, record: dict[str, Any]) -> None:
-        self.run.log(train_scalars(record), step=record["step"])
-
-    def log_eval(self, record: dict[str, Any]) -> None:
-        self.run.log(eval_scalars(record), step=record["step"])
+    def log_scalars(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
 
     def close(self, failed: bool) -> None:
         self.run.finish(exit_code=1 if failed else 0)
 
 
 class RunLog:
-    """The sinks of one run on this rank: none but rank 0's."""
+    """Where one run's records go on this rank: nowhere but on rank 0, where each step's record goes to metrics.jsonl
+    as is (non-finite values as null, since strict JSON readers reject NaN), each evaluation's to eval.jsonl, and
+    both to every scalar sink."""
 
-    def __init__(self, sinks: list[Sink]):
-        self.sinks = sinks
+    def __init__(self, out_dir: Path | None = None):
+        self.out_dir, self.sinks = out_dir, []
+        self.metrics = None if out_dir is None else open(out_dir / METRICS, "a")
 
     @classmethod
     def open(cls, out_dir: Path, train_cfg, config: dict[str, Any], is_main: bool, log) -> RunLog:
         if not is_main:
-            return cls([])
-        sinks: list[Sink] = [JsonlSink(out_dir)]
+            return cls()
+        run_log = cls(out_dir)
         try:
             if train_cfg.tensorboard:
-                sinks.append(TensorBoardSink(out_dir))
+                run_log.sinks.append(TensorBoardSink(out_dir))
             if train_cfg.wandb:
-                sinks.append(WandbSink(out_dir, train_cfg.wandb, config, log))
+                run_log.sinks.append(WandbSink(out_dir, train_cfg.wandb, config, log))
         except Exception:
-            cls(sinks).close(failed=True)
+            run_log.close(failed=True)
             raise
-        return cls(sinks)
+        return run_log
 
     def log_train(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}) + "\n")
+            self.metrics.flush()
         for sink in self.sinks:
             sink.log_train(record)
 
     def log_eval(self, record: dict[str, Any]) -> None:
+        if self.out_dir is not None:
+            with open(self.out_dir / EVALS, "a") as f:
+                f.write(json.dumps(record) + "\n")
         for sink in self.sinks:
             sink.log_eval(record)
 
     def close(self, failed: bool = False) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
         for sink in self.sinks:
             sink.close(failed)
+
+
+def truncate_logs(out_dir: Path, step: int) -> None:
+    """Drop the metrics.jsonl and eval.jsonl lines of steps after ``step``: a run resumed from the checkpoint of
+    ``step`` (or started again at 0) writes them again."""
+    for path in (out_dir / METRICS, out_dir / EVALS):
+        if path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+            path.write_text("".join(line + "\n" for line in kept))

@@ -25,12 +25,13 @@ import torch.distributed as dist
 from torch import nn
 
 from fullband.architectures import LanguageModel, build_model
-from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval
+from fullband.config import RESUMABLE_CHANGES, RunConfig, build_config, checkpoint_interval, read_sections
 from fullband.data import Batch, PreparedDataset, TokenLoader, TokenSplit, open_dataset, prepare_dataset
 from fullband.data.shards import IGNORE_INDEX
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError, DataError, FullbandError
 from fullband.eval import EvalResult
+from fullband.loading import default_device
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
@@ -46,7 +47,7 @@ from fullband.train.init import init_config, keeps_fusion, load_init_weights
 from fullband.train.objective import LossOptions, MultipassObjective
 from fullband.train.optim import build_optimizers, in_cooldown, lr_multiplier, set_lr
 from fullband.train.teardown import destroy_process_groups, prepare_process_group
-from fullband.train.tracking import RunLog
+from fullband.train.tracking import EVALS, RunLog, truncate_logs
 from fullband.train.validation import Validator
 
 
@@ -76,6 +77,11 @@ class TrainState:
     skipped_steps: int = 0
     consecutive_bad_steps: int = 0
 
+    @classmethod
+    def of(cls, saved: dict[str, Any]) -> TrainState:
+        """The counters of a checkpoint's trainer_state.json."""
+        return cls(**{f.name: saved[f.name] for f in fields(cls)})
+
 
 def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
     return (((seed * 1_000_003 + step) * 1_009 + micro) * 1_000_033 + row) % (2**63 - 1)
@@ -96,7 +102,9 @@ class Trainer:
         self.resume = resume
         self.init_from = Path(init_from) if init_from else None
         self._setup_distributed()
-        self.train_cfg = config.train
+        self.train_cfg = t = config.train
+        self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
+        self.total_steps = max(1, math.ceil(t.tokens / self.tokens_per_step))
 
     # ---- setup -----------------------------------------------------------------------------------
 
@@ -104,9 +112,7 @@ class Trainer:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = self.cfg.train.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = default_device() if self.cfg.train.device == "auto" else self.cfg.train.device
         if device == "cuda" and self.world_size > 1:
             device = f"cuda:{local_rank}"
         self.device = torch.device(device)
@@ -138,11 +144,8 @@ class Trainer:
 
     def _check_resume_config(self) -> None:
         """The resolved config (model vocabulary from the tokenizer etc.) must match the saved run's."""
-        import yaml
-
         saved = self.out_dir / "config.yaml"
-
-        before = build_config(yaml.safe_load(saved.read_text()), source=str(saved)).flat()
+        before = build_config(read_sections(saved), source=str(saved)).flat()
         now = self.cfg.flat()
         changed = sorted(k for k in now if k not in RESUMABLE_CHANGES and before.get(k) != now[k])
         if changed:
@@ -298,11 +301,6 @@ class Trainer:
         self.loss_options = LossOptions.of(t, self.sequential, per_pass_backward=self.world_size == 1)
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
-        self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
-        # The format written; resuming reads either, whatever world size wrote it (DCP reshards).
-        self.checkpoint_format = t.checkpoint_format if t.checkpoint_format != "auto" else (
-            "dcp" if t.parallel == "fsdp" else "full")
-        self.total_steps = max(1, math.ceil(t.tokens / self.tokens_per_step))
         split = dataset.split("train")
         if self.schedule.exact and not split.isolate:
             raise ConfigError(
@@ -313,34 +311,32 @@ class Trainer:
         self._check_cut_documents(split, t.seq_len)
         curriculum_steps = round(t.length_curriculum * self.total_steps)
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
-        self.autocast = self._autocast()
+        bfloat16 = t.dtype == "bfloat16" or (t.dtype == "auto" and self.device.type == "cuda")
+        self.autocast = torch.autocast(self.device.type, dtype=torch.bfloat16) if bfloat16 else contextlib.nullcontext()
         # How the saved model decodes by default, implied by the schedule it was trained with (a user changes it
         # when exporting, serving or calling).
         decode = DecodeSettings.trained_with(self.schedule, self.cfg.model.max_seq_len)
-        self.checkpoints = CheckpointManager(self.out_dir, self.checkpoint_format, self.cfg.model, decode,
+        # The format written; resuming reads either, whatever world size wrote it (DCP reshards).
+        checkpoint_format = t.checkpoint_format if t.checkpoint_format != "auto" else (
+            "dcp" if t.parallel == "fsdp" else "full")
+        self.checkpoints = CheckpointManager(self.out_dir, checkpoint_format, self.cfg.model, decode,
                                              dataset.path / "tokenizer", t.keep_checkpoints, self.world_size,
                                              self.is_main, self._log)
         self.validator = Validator(dataset, self.cfg.eval, t.seq_len, t.keep_best, self.autocast, self.is_main,
                                    self._log)
-        self.state = TrainState()
-        if self.resume:
-            self._resume()
-        if self.state.step == 0:
-            self._truncate_logs(0)  # lines of an earlier attempt that died before its first checkpoint
+        saved = self.checkpoints.resume(self.model, self.optimizers) if self.resume else None
+        self.state = TrainState.of(saved) if saved is not None else TrainState()
+        if saved is not None:
+            self.loader.load_state_dict(saved["loader"])
+        if self.is_main:
+            # Lines logged after the checkpoint we resume from (or by an attempt that died before its first one).
+            truncate_logs(self.out_dir, self.state.step)
         # The best model so far; one chosen after the checkpoint we resume from is chosen again, identically.
         self.best = read_best(self.out_dir) if t.keep_best else None
         if self.best is not None and self.best["step"] > self.state.step:
             self.best = None
         if t.keep_best and self.best is None and self.is_main:
             shutil.rmtree(self.out_dir / "best", ignore_errors=True)
-
-    def _resume(self) -> None:
-        saved = self.checkpoints.resume(self.model, self.optimizers)
-        if saved is None:
-            return
-        self.state = TrainState(**{f.name: saved[f.name] for f in fields(TrainState)})
-        self.loader.load_state_dict(saved["loader"])
-        self._truncate_logs(self.state.step)
 
     def _train(self) -> TrainResult:
         """The loop: optimizer steps until the token budget (or train.stop_after_steps) is reached, with metrics,
@@ -386,8 +382,7 @@ class Trainer:
             if progress is not None:
                 progress.close()
             run_log.close(failed)
-        return TrainResult(self.out_dir, state.step, state.tokens, state.compute_tokens, state.skipped_steps,
-                           state.step == self.total_steps, final_eval, self.best)
+        return self._result(state, final_eval, self.best)
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step: draw the step's windows, pick K, set the learning rate, run every micro-batch's
@@ -506,10 +501,9 @@ class Trainer:
         eval.jsonl. A run whose final evaluation was interrupted (checkpoint written, no eval line) is
         not finished: resuming it evaluates once.
         """
-        t = self.train_cfg
-        total_steps = max(1, math.ceil(t.tokens / (t.batch_size * t.grad_accum * t.seq_len)))
+        total_steps = self.total_steps
         checkpoint = RunDir(self.out_dir).checkpoints / f"{CHECKPOINT_PREFIX}{total_steps:08d}"
-        evals = self.out_dir / "eval.jsonl"
+        evals = self.out_dir / EVALS
         if not checkpoint.is_dir() or not evals.is_file():
             return None
         final = [r for r in map(json.loads, filter(None, evals.read_text().splitlines())) if r["step"] == total_steps]
@@ -519,26 +513,19 @@ class Trainer:
             verify_checkpoint(checkpoint)  # sha256 of every file: only once the run otherwise looks finished
         except CheckpointError:
             return None  # the normal resume path reports it and falls back to an older checkpoint
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        state = TrainState.of(json.loads((checkpoint / "trainer_state.json").read_text()))
         self._log(
             f"{self.out_dir} is already complete: step {total_steps} of {total_steps} is checkpointed and "
             "evaluated (eval.jsonl); nothing to do, nothing was changed."
         )
-        record = final[-1]
-        evaluation = EvalResult(tokens=record["tokens"], loss=record["loss"], jacobi_delta=record["jacobi_delta"],
-                                sequential_gap=record["sequential_gap"])
-        return TrainResult(self.out_dir, state["step"], state["tokens"], state["compute_tokens"],
-                           state["skipped_steps"], True, evaluation, read_best(self.out_dir) if t.keep_best else None)
+        evaluation = EvalResult(**{k: final[-1][k] for k in ("tokens", "loss", "jacobi_delta", "sequential_gap")})
+        return self._result(state, evaluation, read_best(self.out_dir) if self.train_cfg.keep_best else None)
+
+    def _result(self, state: TrainState, final_eval: EvalResult | None, best: dict | None) -> TrainResult:
+        return TrainResult(self.out_dir, state.step, state.tokens, state.compute_tokens, state.skipped_steps,
+                           state.step == self.total_steps, final_eval, best)
 
     # ---- pieces of the loop ----------------------------------------------------------------------
-
-    def _autocast(self):
-        dtype = self.train_cfg.dtype
-        if dtype == "auto":
-            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
-        if dtype == "float32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def _clip(self, model: nn.Module) -> float:
         params = [p for p in model.parameters() if p.grad is not None]
@@ -556,16 +543,6 @@ class Trainer:
             dist.all_reduce(values)
             values = values / self.world_size
         return values.tolist()
-
-    def _truncate_logs(self, step: int) -> None:
-        """Drop log lines written after the checkpoint we resume from (the run died after them)."""
-        if not self.is_main:
-            return
-        for name in ("metrics.jsonl", "eval.jsonl"):
-            path = self.out_dir / name
-            if path.is_file():
-                kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-                path.write_text("".join(line + "\n" for line in kept))
 
     def _progress(self, total_steps: int, initial: int):
         if not (self.train_cfg.progress and self.is_main):
