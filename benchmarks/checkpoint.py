@@ -7,7 +7,7 @@
   ``torch.distributed.checkpoint`` and hashes them for the manifest; on resume every rank reads only the
   pieces of its shards.
 
-Both go through the trainer's own code (``Trainer._save`` and ``Trainer._load_state``), atomic temporary
+Both go through the trainer's own code (``CheckpointManager.save`` and ``.load``), atomic temporary
 directory, sha256 manifest and fsync included. A model of ~300M parameters (d_model 1024, 16 layers,
 d_ff 4096, vocabulary 32000) is sharded with ``fully_shard`` per block over ``--nproc`` gloo processes, with
 AdamW state (one step on zero gradients). The formats are interleaved: each repetition saves and loads
@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -43,11 +42,11 @@ from common import machine_info
 from torch.distributed.fsdp import fully_shard
 
 from fullband.config import RunConfig
+from fullband.decoding import DecodeSettings
 from fullband.model import FullBandConfig, FullBandLM
-from fullband.schedule import PassSchedule
 from fullband.storage import list_checkpoints
+from fullband.train.checkpoint import CheckpointManager
 from fullband.train.optim import build_optimizers
-from fullband.train.trainer import Trainer
 
 SIZES = {
     "300M": {"d_model": 1024, "n_layers": 16, "n_heads": 16, "d_ff": 4096, "vocab_size": 32000},
@@ -80,19 +79,11 @@ def _measure(fn, *args) -> dict:
     return {"s": seconds, "peak_rss_mib": peak, "peak_rss_delta_mib": peak - before}
 
 
-def _trainer(model, optimizers, out_dir: Path, fmt: str) -> Trainer:
-    """A Trainer holding only what ``_save`` and ``_load_state`` use: the benchmark runs the trainer's own
-    checkpoint code on a large model without preparing data or training it."""
-    trainer = Trainer.__new__(Trainer)
-    cfg = RunConfig()
-    cfg.model = model.config
-    cfg.train.keep_checkpoints = 1
-    trainer.cfg, trainer.train_cfg, trainer.out_dir = cfg, cfg.train, out_dir
-    trainer.rank, trainer.world_size = dist.get_rank(), dist.get_world_size()
-    trainer.is_main = trainer.rank == 0
-    trainer.checkpoint_format = fmt
-    trainer.schedule = PassSchedule.parse("standard")
-    return trainer
+def _manager(model, out_dir: Path, tokenizer_dir: Path, fmt: str) -> CheckpointManager:
+    """The trainer's checkpoint manager for ``fmt``: the benchmark runs the trainer's own checkpoint code on a large
+    model without preparing data or training it."""
+    return CheckpointManager(out_dir, fmt, model.config, DecodeSettings(), tokenizer_dir, keep=1,
+                             world_size=dist.get_world_size(), is_main=dist.get_rank() == 0, log=lambda _: None)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -116,17 +107,15 @@ def worker(args: argparse.Namespace) -> None:
     tokenizer = root / "data" / "tokenizer"
     if rank == 0:
         tokenizer.mkdir(parents=True, exist_ok=True)
-    dataset = SimpleNamespace(path=root / "data")
     results: dict[str, dict[str, list]] = {f: {"save": [], "load": [], "bytes": []} for f in FORMATS}
     for rep in range(args.repeats):
         order = FORMATS if rep % 2 == 0 else FORMATS[::-1]
         for fmt in order:
             out_dir = root / f"run-{fmt}"
-            trainer = _trainer(model, optimizers, out_dir, fmt)
-            state = {"step": rep + 1}
-            results[fmt]["save"].append(_measure(trainer._save, model, optimizers, state, dataset))
+            manager = _manager(model, out_dir, tokenizer, fmt)
+            results[fmt]["save"].append(_measure(manager.save, model, optimizers, {"step": rep + 1}))
             checkpoint = list_checkpoints(out_dir)[-1]
-            results[fmt]["load"].append(_measure(trainer._load_state, model, optimizers, checkpoint))
+            results[fmt]["load"].append(_measure(manager.load, model, optimizers, checkpoint))
             results[fmt]["bytes"].append(sum(p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, results)
