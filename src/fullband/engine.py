@@ -48,39 +48,30 @@ def left_pad(
     attention_mask: torch.Tensor | None = None,
     pad_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask.
-
-    Accepts a 1-D or 2-D tensor (with an optional attention mask, padded on either side) or a list of
-    token-id lists of any lengths.
-    """
+    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask: a 1-D or 2-D tensor (with an
+    optional attention mask, padded on either side) or token-id lists of any lengths."""
+    device = None
     if isinstance(input_ids, torch.Tensor):
-        ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        ids, device = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids, input_ids.device
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(input_ids.shape)}")
         if attention_mask is None:
-            rows = [row.tolist() for row in ids]
+            input_ids = ids.tolist()
+        elif attention_mask.shape == ids.shape:
+            input_ids = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
         else:
-            if attention_mask.shape != ids.shape:
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(ids.shape)}"
-                )
-            rows = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
-        device = ids.device
-    else:
-        rows = [list(r) for r in input_ids]
-        device = None
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                             f"{tuple(ids.shape)}")
+    rows = [list(row) for row in input_ids]
     if not rows:
         raise ValueError("generate() needs at least one prompt")
     for i, row in enumerate(rows):
         if len(row) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row) :] = True
-    return ids.to(device), mask.to(device)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
+    return ids, mask
 
 
 log = logging.getLogger(__name__)
@@ -146,12 +137,7 @@ class Engine:
         self.device = model.device
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
-        self._rows: list[Sequence] = []
-        self._cache: ModelCache | None = None  # a KV cache, or a recurrent baseline's state
-        # Per-row tensors of the running batch, in the order of self._rows.
-        self._logits = self._state = self._positions = self._plain = None
-        self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
-        self._n_standard = 0
+        self._clear_batch()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0,
@@ -282,11 +268,9 @@ class Engine:
         out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
                                  logits_to_keep=1, fused_tol=tol, fused_max_passes=max_passes)
         for i, seq in enumerate(group):
-            seq.generator = torch.Generator(device=self.device)
-            if seq.params.seed is None:  # from torch's global generator: torch.manual_seed makes a run repeatable
-                seq.generator.manual_seed(int(torch.randint(2**62, (1,))))
-            else:
-                seq.generator.manual_seed(seq.params.seed)
+            # Unseeded: a seed from torch's global generator, so that torch.manual_seed makes a run repeatable.
+            seed = int(torch.randint(2**62, (1,))) if seq.params.seed is None else seq.params.seed
+            seq.generator = torch.Generator(device=self.device).manual_seed(seed)
             seq.prefill_passes = int(out.fused_passes[i])
             if out.converged is not None:
                 seq.prefill_converged = bool(out.converged[i])
@@ -318,7 +302,6 @@ class Engine:
         else:
             self._adjuster.extend(adjuster)
         self._rows.extend(group)
-        self._n_standard += sum(standard)
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _ensure_room(self) -> None:
@@ -382,14 +365,18 @@ class Engine:
             seq.finished = True
             self.counters[counter] += 1
 
+    def _clear_batch(self) -> None:
+        self._rows: list[Sequence] = []
+        self._cache: ModelCache | None = None  # a KV cache, or a recurrent baseline's state
+        self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
+        # Per-row tensors of the running batch, in the order of self._rows.
+        self._logits = self._state = self._positions = self._plain = None
+
     def _remove_rows(self, keep: list[int]) -> None:
-        removed = [s for i, s in enumerate(self._rows) if i not in set(keep)]
-        self._n_standard -= sum(s.decode.mode == "standard" for s in removed)
-        self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._cache = self._adjuster = None
-            self._logits = self._state = self._positions = self._plain = None
+            self._clear_batch()
             return
+        self._rows = [self._rows[i] for i in keep]
         index = torch.tensor(keep, device=self.device)
         self._cache.select_rows(index)
         self._adjuster.select(keep)
@@ -398,11 +385,11 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor) -> None:
         self._ensure_room()
-        all_standard = self._n_standard == len(self._rows)
+        standard = sum(seq.decode.mode == "standard" for seq in self._rows)
         out = self.model(
             tokens.unsqueeze(1),
-            feedback=None if all_standard else self._state,
-            plain_mask=self._plain if 0 < self._n_standard < len(self._rows) else None,
+            feedback=None if standard == len(self._rows) else self._state,
+            plain_mask=self._plain if 0 < standard < len(self._rows) else None,
             position_ids=self._positions,
             past_key_values=self._cache,
             use_cache=True,
@@ -411,10 +398,8 @@ class Engine:
         self._positions = self._positions + 1
 
     def _fail_all(self, message: str) -> None:
-        rows, self._rows = self._rows, []
-        self._cache = self._adjuster = None
-        self._logits = self._state = self._positions = self._plain = None
-        self._n_standard = 0
+        rows = self._rows
+        self._clear_batch()
         for seq in rows:
             self._finish(seq, "failed")
             seq.sink(Event(error=message))
