@@ -126,13 +126,11 @@ def check_request(
         raise RequestError(f"{limits.logprobs_name} must be between 0 and {limits.max_logprobs}, got {logprobs}",
                            limits.logprobs_name)
     if isinstance(prompts, torch.Tensor):
-        length, outside = prompts.shape[-1], (prompts < 0) | (prompts >= vocab_size)
-        bad = int(prompts[outside][0]) if bool(outside.any()) else None
-    else:
-        if any(len(row) == 0 for row in prompts):
-            raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
-        length = max(len(row) for row in prompts)
-        bad = next((token for row in prompts for token in row if not 0 <= token < vocab_size), None)
+        prompts = prompts.tolist()
+    if any(len(row) == 0 for row in prompts):
+        raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
+    length = max(len(row) for row in prompts)
+    bad = next((token for row in prompts for token in row if not 0 <= token < vocab_size), None)
     if bad is not None:
         raise RequestError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size}) (ids outside the "
                            "vocabulary have no embedding); was the prompt encoded with this model's tokenizer?",
@@ -195,8 +193,8 @@ class LogitsAdjustments:
                                f"repeating), got {repetition_penalty!r}", "repetition_penalty")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
             raise RequestError(f"min_tokens must be an integer >= 0, got {min_tokens!r}", "min_tokens")
-        if max_tokens is not None:
-            _check_min_tokens(min_tokens, max_tokens)
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
         bias: dict[int, float] = {}
         for key, value in (logit_bias or {}).items():
             token = _token_key(key)
@@ -218,11 +216,6 @@ class LogitsAdjustments:
     @property
     def changes_logits(self) -> bool:
         return self.counts_tokens or bool(self.logit_bias) or self.min_tokens > 0
-
-
-def _check_min_tokens(min_tokens: int, max_tokens: int) -> None:
-    if min_tokens > max_tokens:
-        raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
 
 
 def _is_number(value: object) -> bool:
@@ -274,17 +267,13 @@ class BatchAdjuster:
         if any(r.counts_tokens for r in self.rows):
             first_real = prompt_ids.gather(1, prompt_mask.int().argmax(dim=1, keepdim=True))
             self.history = torch.where(prompt_mask.bool(), prompt_ids, first_real)
-            self.counts = self._no_counts(len(self.rows))
+            self.counts = torch.zeros(len(self.rows), vocab_size, dtype=torch.int32, device=self.device)
         self._tensors: dict[str, torch.Tensor] | None = None
-
-    @property
-    def changes_logits(self) -> bool:
-        return any(r.changes_logits for r in self.rows)
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits -> the adjusted (B, V) logits, in at least float32; the same tensor when no row changes
         anything."""
-        if not self.changes_logits:
+        if not any(r.changes_logits for r in self.rows):
             return logits
         if logits.shape != (len(self.rows), self.vocab_size):
             raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(self.rows)} rows of a "
@@ -332,23 +321,23 @@ class BatchAdjuster:
     def extend(self, other: BatchAdjuster) -> None:
         """Append the rows of ``other`` (same vocabulary) after these rows."""
         if self.history is not None or other.history is not None:
-            # Rows without a penalty never change their logits through the history: token 0 stands in for it.
-            mine, theirs = (self.history if self.history is not None else self._no_history(len(self.rows)),
-                            other.history if other.history is not None else self._no_history(len(other.rows)))
+            (mine, my_counts), (theirs, their_counts) = self._tracked(), other._tracked()
             width = max(mine.shape[1], theirs.shape[1])
             self.history = torch.cat([_pad_with_first(mine, width), _pad_with_first(theirs, width)])
-            self.counts = torch.cat([self.counts if self.counts is not None else self._no_counts(len(self.rows)),
-                                     other.counts if other.counts is not None else self._no_counts(len(other.rows))])
+            self.counts = torch.cat([my_counts, their_counts])
         self.rows += other.rows
         self.end_ids += other.end_ids
         self.generated += other.generated
         self._tensors = None
 
-    def _no_counts(self, rows: int) -> torch.Tensor:
-        return torch.zeros(rows, self.vocab_size, dtype=torch.int32, device=self.device)
-
-    def _no_history(self, rows: int) -> torch.Tensor:
-        return torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+    def _tracked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(history, counts); for rows that keep none, token 0 stands in for a history (rows without a penalty
+        never change their logits through it) and the counts are zero."""
+        if self.history is not None:
+            return self.history, self.counts
+        rows = len(self.rows)
+        return (torch.zeros(rows, 1, dtype=torch.long, device=self.device),
+                torch.zeros(rows, self.vocab_size, dtype=torch.int32, device=self.device))
 
     def _row_tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The rows' fields as tensors of the logits' dtype, built once per batch composition."""
