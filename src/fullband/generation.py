@@ -9,14 +9,10 @@
   (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran. ``fused_passes="exact"``
   computes that iteration's fixed point directly, the exact recurrence one prompt token at a time.
 
-What a call does not say comes from the settings stored with the model (``fullband.decoding``): the mode
-its training implies, and for ``fused_passes="auto"`` its tolerance and cap.
-
-The request is one ``SamplingParams`` (``fullband.sampling``, vLLM's field names) and one ``DecodeSettings``;
-``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded into those two objects once, here, and the
-decode loop is the engine's (``fullband.engine``), the one the server runs: batches of prompts with different
-lengths are left-padded, every row shares one cache write position, padding keys are masked, and RoPE positions
-count real tokens only, so a row's result does not depend on what it is batched with.
+What a call does not say comes from the settings stored with the model (``fullband.decoding``).
+``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded once, here, into one ``SamplingParams``
+(``fullband.sampling``) and one ``DecodeSettings``; the decode loop is the server's (``fullband.engine``), so a
+row's result does not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -117,10 +113,10 @@ def generate_stream(
     whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
     sampling, settings = request(model, max_new_tokens, sampling, decode, eos_token_id, **fields)
     ids, mask = left_pad(input_ids, attention_mask)
-    adjustments = check_request(model.config, ids, sampling, LIMITS)  # the whole batch checked once, here
+    rows = [row[m].tolist() for row, m in zip(ids, mask)]
+    adjustments = check_request(model.config, rows, sampling, LIMITS)  # the whole batch checked once, here
     if sampling.max_tokens == 0:
         return
-    rows = [row[m].tolist() for row, m in zip(ids, mask)]
     events: list[list[Event]] = [[] for _ in rows]
     sequences = [EngineSequence(row, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i),
                                 events[i].append, settings, adjustments=adjustments) for i, row in enumerate(rows)]
@@ -145,11 +141,7 @@ def generate(
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id`` or one of ``stop_token_ids``; a row that stopped earlier is filled with the token it
-    stopped at). Keyword arguments are those of ``generate_stream``: a whole ``sampling`` (``SamplingParams``) and
-    ``decode`` (``DecodeSettings``), or their fields one by one (temperature (0 = greedy), top_k, top_p, seed,
-    stop_token_ids, logit_bias, presence_penalty, frequency_penalty, repetition_penalty, min_tokens; mode
-    ("standard" | "soft" | "fused"), fused_passes (int, "auto" or "exact"), fused_tol, fused_max_passes: each
-    defaults to the model's stored setting), eos_token_id, attention_mask and stats."""
+    stopped at). Keyword arguments are those of ``generate_stream``."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
@@ -176,8 +168,7 @@ def score_continuations(
     ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
     is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
     mode, ``fused_passes`` may be "auto" or "exact"), then the continuation tokens are fed one decode step at a time,
-    each fused with the previous step's top state (soft/fused). In standard mode, where a step carries no
-    state, the continuation goes through the cached model in one call (the same keys, values and logits).
+    each fused with the previous step's top state (soft/fused; ``_score_standard`` in standard mode).
     ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)
     over context + continuation in parallel, as in validation; soft decoding has no such form.
 
@@ -201,12 +192,12 @@ def score_continuations(
                 f"row {i}: context {len(ctx)} + continuation {len(cont)} - 1 tokens exceed the model's max_seq_len "
                 f"{limit}; truncate the context from the left"
             )
+    scored = SamplingParams(max_tokens=0, logprobs=0)
+    check_request(model.config, [list(c) for c in contexts], scored, LIMITS)
+    check_request(model.config, [list(c) for c in continuations], scored, LIMITS)
     if scoring == "prefill":
         return _score_prefill(model, contexts, continuations, settings)
     ids, mask = left_pad(contexts)
-    scored = SamplingParams(max_tokens=0, logprobs=0)
-    check_request(model.config, ids, scored, LIMITS)
-    check_request(model.config, [list(c) for c in continuations], scored, LIMITS)
     if settings.mode == "standard":
         return _score_standard(model, ids.to(model.device), mask.to(model.device), continuations, settings)
     # The engine's decode steps, each continuation token given instead of sampled: generate's own probabilities.
@@ -245,7 +236,6 @@ def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
     full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
     ids, mask = left_pad(full)
     ids, mask = ids.to(model.device), mask.to(model.device)
-    check_request(model.config, ids, SamplingParams(max_tokens=0), LIMITS)
     out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, fused_tol=settings.fused_tol,
                         fused_max_passes=settings.fused_max_passes)
     W = ids.shape[1]
