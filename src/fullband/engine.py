@@ -208,7 +208,6 @@ class Engine:
     @torch.no_grad()
     def step(self) -> None:
         """Admit waiting sequences, sample one token for every row, drop finished rows, run the forward."""
-        self._drop_cancelled_waiting()
         self._admit()
         if not self._rows:
             return
@@ -222,7 +221,11 @@ class Engine:
             tokens = tokens[torch.tensor(keep, device=self.device)]
         self._forward(tokens)
 
-    def _drop_cancelled_waiting(self) -> None:
+    def _admit(self) -> None:
+        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
+        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
+        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call.
+        Cancelled ones leave the queue."""
         if not self._waiting:  # the common step: nothing queued, no lock taken
             return
         with self._cond:
@@ -230,14 +233,6 @@ class Engine:
                 self._waiting.remove(seq)
                 seq.finished = True
                 self.counters["cancelled"] += 1
-
-    def _admit(self) -> None:
-        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
-        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
-        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call."""
-        if not self._waiting:
-            return
-        with self._cond:
             room = self.max_batch - len(self._rows)
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         groups: dict[tuple[int | str, float, int], list[list[Sequence]]] = {}

@@ -197,8 +197,12 @@ class LogitsAdjustments:
             raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
         bias: dict[int, float] = {}
         for key, value in (logit_bias or {}).items():
-            token = _token_key(key)
-            check_token_ids("logit_bias", [token], vocab_size)
+            if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+                key = int(key)  # JSON object keys are strings
+            if isinstance(key, bool) or not isinstance(key, int):
+                raise RequestError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got "
+                                   f"{key!r}", "logit_bias")
+            (token,) = check_token_ids("logit_bias", [key], vocab_size)
             if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise RequestError(f"logit_bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
                                    f"{MAX_LOGIT_BIAS:g}], got {value!r}", "logit_bias")
@@ -223,15 +227,6 @@ def _is_number(value: object) -> bool:
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
-
-
-def _token_key(key: int | str) -> int:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    raise RequestError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got {key!r}",
-                       "logit_bias")
 
 
 class BatchAdjuster:

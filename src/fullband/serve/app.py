@@ -314,9 +314,8 @@ class Served:
         sequences, choices = [], []
         for i, prompt in enumerate(prompts):
             for j in range(n):
-                index = i * n + j
                 seed = None if params.seed is None else params.seed + j
-                sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                sink = lambda event, index=i * n + j: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
                 sequences.append(Sequence(prompt, replace(params, seed=seed), sink, decode))
                 choices.append(Choice(self.tokenizer, stop))
         try:
@@ -329,10 +328,9 @@ class Served:
                       queue: asyncio.Queue) -> AsyncIterator[tuple[int, str]]:
         """(choice index, new text) as the choices are generated; cancels what is left when the consumer stops or
         the client goes away."""
-        pending = set(range(len(sequences)))
         checked = time.monotonic()
         try:
-            while pending:
+            while any(choice.finish_reason is None for choice in choices):
                 try:
                     index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
@@ -342,15 +340,12 @@ class Served:
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return
-                if event is None:
-                    continue
-                if index not in pending:
-                    continue  # tokens generated after a stop string, before the cancellation took effect
+                if event is None or choices[index].finish_reason is not None:
+                    continue  # (or a token generated after a stop string, before the cancellation took effect)
                 if event.error is not None:
                     raise APIError(500, event.error, "server_error")
                 text = choices[index].add(event)
                 if choices[index].finish_reason is not None:
-                    pending.discard(index)
                     self.engine.cancel(sequences[index])
                 yield index, text
         finally:
