@@ -21,12 +21,11 @@ between batch shapes).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import abc, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -100,9 +99,6 @@ class Event:
     greedy: bool | None = None  # with logprobs: whether the token was the most likely one
 
 
-_ids = itertools.count()
-
-
 @dataclass(eq=False)
 class Sequence:
     """One sequence to generate; ``sink`` receives its events on the scheduler thread. ``forced``: the tokens to
@@ -113,7 +109,6 @@ class Sequence:
     sink: Callable[[Event], None]
     decode: DecodeSettings = DecodeSettings()
     forced: list[int] | None = None
-    id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
     cancelled: bool = False
     finished: bool = False
