@@ -3,11 +3,9 @@
 - ``standard``: plain prefill, plain decoding.
 - ``soft``: plain prefill; every generated token is fused with the previous position's top state
   (the first one with the prompt's last top state).
-- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training); the KV
-  cache of the last pass is kept; then decode as in soft. ``fused_passes="auto"`` iterates per row until
-  the prompt's top states change by at most ``fused_tol`` (relative) in a pass, or ``fused_max_passes``
-  (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran. ``fused_passes="exact"``
-  computes that iteration's fixed point directly, the exact recurrence one prompt token at a time.
+- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training: an integer, "auto"
+  or "exact", see ``DecodeSettings``); the KV cache of the last pass is kept; then decode as in soft. Pass
+  ``stats={}`` to learn how many passes each row ran.
 
 What a call does not say comes from the settings stored with the model (``fullband.decoding``).
 ``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded once, here, into one ``SamplingParams``
@@ -80,10 +78,10 @@ def request(
     return sampling, settings
 
 
-def run_engine(model: LanguageModel, sequences: list[EngineSequence], limits: RequestLimits | None) -> Iterator[None]:
-    """Step a fixed batch of sequences through the engine until each has finished, once per step."""
+def run_engine(model: LanguageModel, sequences: list[EngineSequence]) -> Iterator[None]:
+    """Step a fixed batch of checked sequences through the engine until each has finished, once per step."""
     engine = Engine(model, max_batch=len(sequences), max_queue=0, prefill_tokens=None)
-    engine.submit(sequences, limits)
+    engine.submit(sequences, limits=None)
     while not all(seq.finished for seq in sequences):
         engine.step()
         yield
@@ -121,7 +119,7 @@ def generate_stream(
     sequences = [EngineSequence(row, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i),
                                 events[i].append, settings, adjustments=adjustments) for i, row in enumerate(rows)]
     tokens = [0] * len(rows)
-    for step, _ in enumerate(run_engine(model, sequences, None)):
+    for step, _ in enumerate(run_engine(model, sequences)):
         if stats is not None and step == 0:  # the prefill is done
             stats.pop("fused_converged", None)
             stats["fused_passes"] = [seq.prefill_passes for seq in sequences]
@@ -204,7 +202,7 @@ def score_continuations(
     events: list[list[Event]] = [[] for _ in contexts]
     sequences = [EngineSequence(row[m].tolist(), replace(scored, max_tokens=len(cont)), events[i].append, settings,
                                 forced=list(cont)) for i, (row, m, cont) in enumerate(zip(ids, mask, continuations))]
-    for _ in run_engine(model, sequences, None):
+    for _ in run_engine(model, sequences):
         pass
     dtype = torch.promote_types(model.embed.weight.dtype, torch.float32)
     return [(torch.tensor([e.logprob for e in row], dtype=dtype), torch.tensor([bool(e.greedy) for e in row]))

@@ -275,12 +275,12 @@ class BatchAdjuster:
                              f"{self.vocab_size}-token vocabulary")
         out = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         t = self._row_tensors(out.dtype)
-        waiting = [i for i, (r, n) in enumerate(zip(self.rows, self.generated)) if n < r.min_tokens]
-        if waiting:
-            pairs = [(i, token) for i in waiting for token in self.end_ids[i]]
-            if pairs:
-                rows, tokens = torch.tensor(pairs, device=self.device).unbind(1)
-                out[rows, tokens] = -math.inf
+        # The end tokens of the rows short of their min_tokens.
+        pairs = [(i, token) for i, (r, n) in enumerate(zip(self.rows, self.generated)) if n < r.min_tokens
+                 for token in self.end_ids[i]]
+        if pairs:
+            rows, tokens = torch.tensor(pairs, device=self.device).unbind(1)
+            out[rows, tokens] = -math.inf
         if "bias_rows" in t:
             out.index_put_((t["bias_rows"], t["bias_tokens"]), t["bias_values"], accumulate=True)
         if self.history is not None:
