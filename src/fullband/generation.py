@@ -26,7 +26,7 @@ from fullband.decoding import FIELDS as DECODE_FIELDS
 from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.engine import Engine, Event, left_pad
 from fullband.engine import Sequence as EngineSequence
-from fullband.model import FullBandLM, mask_positions
+from fullband.model import FullBandLM
 from fullband.sampling import RequestLimits, SamplingParams, check_request
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "request", "score_continuations",
@@ -166,7 +166,8 @@ def score_continuations(
     ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
     is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
     mode, ``fused_passes`` may be "auto" or "exact"), then the continuation tokens are fed one decode step at a time,
-    each fused with the previous step's top state (soft/fused; ``_score_standard`` in standard mode).
+    each fused with the previous step's top state (soft/fused). A standard step carries no state, so there it is
+    the prefill scoring, one call instead of one per token.
     ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)
     over context + continuation in parallel, as in validation; soft decoding has no such form.
 
@@ -193,11 +194,9 @@ def score_continuations(
     scored = SamplingParams(max_tokens=0, logprobs=0)
     check_request(model.config, [list(c) for c in contexts], scored, LIMITS)
     check_request(model.config, [list(c) for c in continuations], scored, LIMITS)
-    if scoring == "prefill":
+    if scoring == "prefill" or settings.mode == "standard":
         return _score_prefill(model, contexts, continuations, settings)
     ids, mask = left_pad(contexts)
-    if settings.mode == "standard":
-        return _score_standard(model, ids.to(model.device), mask.to(model.device), continuations, settings)
     # The engine's decode steps, each continuation token given instead of sampled: generate's own probabilities.
     events: list[list[Event]] = [[] for _ in contexts]
     sequences = [EngineSequence(row[m].tolist(), replace(scored, max_tokens=len(cont)), events[i].append, settings,
@@ -209,39 +208,17 @@ def score_continuations(
             for row in events]
 
 
-def _score_standard(model, ids, mask, continuations, settings: DecodeSettings):
-    """Standard mode, where a step carries no state: the continuation goes through the cached model in one call
-    after the prompt's prefill (the same keys, values and logits as the engine's steps, one call instead of L)."""
-    lengths = [len(c) for c in continuations]
-    L = max(lengths)
-    cont = torch.zeros(len(continuations), L, dtype=torch.long)
-    for i, c in enumerate(continuations):
-        cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
-    cont = cont.to(model.device)
-    positions = mask_positions(mask)
-    cache = model.new_cache(ids.shape[0], ids.shape[1] + L - 1)
-    out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1:]
-    if L > 1:
-        rest = model(cont[:, :-1], position_ids=positions[:, -1:] + 1 + torch.arange(L - 1, device=model.device),
-                     past_key_values=cache, use_cache=True)
-        logits = torch.cat([logits, rest.logits], dim=1)
-    return _token_scores(logits, cont, [range(n) for n in lengths])
-
-
 def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
-    full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
-    ids, mask = left_pad(full)
-    ids, mask = ids.to(model.device), mask.to(model.device)
-    out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, fused_tol=settings.fused_tol,
-                        fused_max_passes=settings.fused_max_passes)
-    W = ids.shape[1]
-    targets = torch.zeros(len(full), W, dtype=torch.long)
+    """One prefill over each context + continuation but its last token, left-padded, so that every row's
+    continuation is predicted by the logits of its last positions: only the last L are computed."""
+    ids, mask = left_pad([list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)])
+    L = max(len(cont) for cont in continuations)
+    out = model.prefill(ids.to(model.device), settings.prefill_passes, attention_mask=mask.to(model.device),
+                        logits_to_keep=L, fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes)
+    targets = torch.zeros(len(continuations), L, dtype=torch.long)
     for i, cont in enumerate(continuations):
-        targets[i, W - len(cont) :] = torch.tensor(list(cont), dtype=torch.long)
-    # Left padding puts every row's continuation at its end: logits at W - L .. W - 1 predict its L tokens.
-    return _token_scores(out.logits, targets.to(model.device), [range(W - len(c), W) for c in continuations])
+        targets[i, L - len(cont) :] = torch.tensor(list(cont), dtype=torch.long)
+    return _token_scores(out.logits, targets.to(model.device), [range(L - len(c), L) for c in continuations])
 
 
 def _token_scores(
