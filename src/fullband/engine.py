@@ -39,6 +39,7 @@ from fullband.sampling import (
     SamplingParams,
     check_request,
     sample_rows,
+    token_logprobs,
 )
 
 
@@ -321,10 +322,8 @@ class Engine:
         want_logprobs = [i for i, s in enumerate(self._rows) if s.params.logprobs is not None]
         logprobs = picked = greedy = None
         if want_logprobs:
-            chosen = self._logits[want_logprobs]
-            logprobs = chosen.to(torch.promote_types(chosen.dtype, torch.float32)).log_softmax(dim=-1)
-            picked = logprobs.gather(1, tokens[want_logprobs].unsqueeze(1)).squeeze(1).tolist()
-            greedy = chosen.argmax(dim=-1).tolist()
+            logprobs, picked, greedy = token_logprobs(self._logits[want_logprobs], tokens[want_logprobs])
+            picked, greedy = picked.tolist(), greedy.tolist()
         keep = []
         for i, (seq, token) in enumerate(zip(self._rows, token_list)):
             if seq.cancelled:
@@ -335,7 +334,7 @@ class Engine:
             event = Event(token=token)
             if seq.params.logprobs is not None:
                 at = want_logprobs.index(i)
-                event.logprob, event.greedy = picked[at], greedy[at] == token
+                event.logprob, event.greedy = picked[at], greedy[at]
                 if seq.params.logprobs > 0:
                     top = logprobs[at].topk(seq.params.logprobs)
                     event.top_logprobs = list(zip(top.indices.tolist(), top.values.tolist()))

@@ -27,7 +27,7 @@ from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.engine import Engine, Event, left_pad
 from fullband.engine import Sequence as EngineSequence
 from fullband.model import FullBandLM
-from fullband.sampling import RequestLimits, SamplingParams, check_request
+from fullband.sampling import RequestLimits, SamplingParams, check_request, token_logprobs
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "request", "score_continuations",
            "sequential_forward"]
@@ -224,10 +224,7 @@ def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
 def _token_scores(
     logits: torch.Tensor, targets: torch.Tensor, spans: list[range]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # float32 at least; a float64 model's scores stay float64 (the RL log-probabilities are checked against them).
-    logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
-    picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    greedy = logits.argmax(dim=-1) == targets
+    _, picked, greedy = token_logprobs(logits, targets)
     return [(picked[i, span.start : span.stop].cpu(), greedy[i, span.start : span.stop].cpu())
             for i, span in enumerate(spans)]
 

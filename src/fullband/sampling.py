@@ -33,7 +33,7 @@ import torch
 from fullband.errors import FullbandError
 
 __all__ = ["BatchAdjuster", "LogitsAdjustments", "RequestError", "RequestLimits", "SamplingParams", "check_request",
-           "check_token_ids", "sample_rows"]
+           "check_token_ids", "sample_rows", "token_logprobs"]
 
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
@@ -373,6 +373,14 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int | None, 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(..., V) logits and (...) tokens -> the log-softmax, each token's log-probability and whether it was the
+    most likely. At least float32: a float64 model's stay float64 (the RL log-probabilities are checked against
+    them)."""
+    logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
+    return logprobs, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), logits.argmax(dim=-1) == tokens
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],
