@@ -376,9 +376,8 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int | None, 
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(..., V) logits and (...) tokens -> the log-softmax, each token's log-probability and whether it was the
-    most likely. At least float32: a float64 model's stay float64 (the RL log-probabilities are checked against
-    them)."""
+    """(..., V) logits, (...) tokens -> the log-softmax, each token's log-probability, whether it was the most likely.
+    At least float32: a float64 model's stay float64 (the RL log-probabilities are checked against them)."""
     logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
     return logprobs, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), logits.argmax(dim=-1) == tokens
 
