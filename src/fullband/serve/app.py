@@ -149,6 +149,7 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = 16  # the OpenAI default
     logprobs: int | None = None
     ignore_eos: bool = False  # as in vLLM: generate max_tokens tokens whatever the model says (benchmarks)
     echo: Any = None
@@ -475,8 +476,7 @@ async def models(served: ServedBy) -> dict[str, Any]:
 async def completions(req: CompletionRequest, request: Request, served: ServedBy):
     served.check_model(req)
     ends = () if req.ignore_eos else (served.tokenizer.eos_id,)
-    max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
-    asked = served.sampling(req, max_tokens, req.logprobs, ends)
+    asked = served.sampling(req, req.max_tokens, req.logprobs, ends)
     prompts = _prompts(req.prompt, served.tokenizer)
     return await answer(served, request, req, prompts, asked, COMPLETION_LIMITS,
                         Answer(served, chat=False, logprobs=req.logprobs is not None))
