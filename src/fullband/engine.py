@@ -272,22 +272,17 @@ class Engine:
     def _join(self, group: list[Sequence], prefilled: ModelCache, logits: torch.Tensor, state: torch.Tensor,
               adjuster: BatchAdjuster) -> None:
         """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
-        standard = [seq.decode.mode == "standard" for seq in group]
-        rows = dict(
-            logits=logits,
-            state=state,
-            positions=torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device),
-            plain=torch.tensor([[s] for s in standard], device=self.device),
-        )
+        positions = torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device)
+        plain = torch.tensor([[seq.decode.mode == "standard"] for seq in group], device=self.device)
         if self._cache is None:
             self._cache = prefilled
         else:
             cache, width = self._cache, prefilled.length
             # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
             cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)
-        for name, value in rows.items():
-            current = getattr(self, f"_{name}")
-            setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
+        for name, value in (("_logits", logits), ("_state", state), ("_positions", positions), ("_plain", plain)):
+            current = getattr(self, name)
+            setattr(self, name, value if current is None else torch.cat([current, value]))
         if self._adjuster is None:
             self._adjuster = adjuster
         else:

@@ -551,9 +551,9 @@ def create_app(
     # The model's own default mode tells whether its fusion was trained: a fresh or converted model and one trained
     # with train.schedule standard store standard, every schedule that trains the fusion soft or fused
     # (fullband.decoding). The chat page marks it and says when soft and fused mean nothing yet.
-    model_mode = DecodeSettings.of(engine.model).mode
-    served = Served(engine, tokenizer, model_name, decode if decode is not None else DecodeSettings.of(engine.model),
-                    model_mode, _chat_template_error(tokenizer))
+    stored = DecodeSettings.of(engine.model)
+    served = Served(engine, tokenizer, model_name, decode if decode is not None else stored, stored.mode,
+                    _chat_template_error(tokenizer))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
