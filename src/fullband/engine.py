@@ -21,12 +21,11 @@ between batch shapes).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections import abc, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -40,6 +39,7 @@ from fullband.sampling import (
     SamplingParams,
     check_request,
     sample_rows,
+    token_logprobs,
 )
 
 
@@ -48,39 +48,30 @@ def left_pad(
     attention_mask: torch.Tensor | None = None,
     pad_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask.
-
-    Accepts a 1-D or 2-D tensor (with an optional attention mask, padded on either side) or a list of
-    token-id lists of any lengths.
-    """
+    """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask: a 1-D or 2-D tensor (with an
+    optional attention mask, padded on either side) or token-id lists of any lengths."""
+    device = None
     if isinstance(input_ids, torch.Tensor):
-        ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        ids, device = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids, input_ids.device
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(input_ids.shape)}")
         if attention_mask is None:
-            rows = [row.tolist() for row in ids]
+            input_ids = ids.tolist()
+        elif attention_mask.shape == ids.shape:
+            input_ids = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
         else:
-            if attention_mask.shape != ids.shape:
-                raise ValueError(
-                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(ids.shape)}"
-                )
-            rows = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
-        device = ids.device
-    else:
-        rows = [list(r) for r in input_ids]
-        device = None
+            raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
+                             f"{tuple(ids.shape)}")
+    rows = [list(row) for row in input_ids]
     if not rows:
         raise ValueError("generate() needs at least one prompt")
     for i, row in enumerate(rows):
         if len(row) == 0:
             raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-        mask[i, width - len(row) :] = True
-    return ids.to(device), mask.to(device)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
+    return ids, mask
 
 
 log = logging.getLogger(__name__)
@@ -109,9 +100,6 @@ class Event:
     greedy: bool | None = None  # with logprobs: whether the token was the most likely one
 
 
-_ids = itertools.count()
-
-
 @dataclass(eq=False)
 class Sequence:
     """One sequence to generate; ``sink`` receives its events on the scheduler thread. ``forced``: the tokens to
@@ -122,7 +110,6 @@ class Sequence:
     sink: Callable[[Event], None]
     decode: DecodeSettings = DecodeSettings()
     forced: list[int] | None = None
-    id: int = field(default_factory=lambda: next(_ids))
     generated: int = 0
     cancelled: bool = False
     finished: bool = False
@@ -146,12 +133,7 @@ class Engine:
         self.device = model.device
         self._cond = threading.Condition()
         self._waiting: deque[Sequence] = deque()
-        self._rows: list[Sequence] = []
-        self._cache: ModelCache | None = None  # a KV cache, or a recurrent baseline's state
-        # Per-row tensors of the running batch, in the order of self._rows.
-        self._logits = self._state = self._positions = self._plain = None
-        self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
-        self._n_standard = 0
+        self._clear_batch()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0,
@@ -222,7 +204,6 @@ class Engine:
     @torch.no_grad()
     def step(self) -> None:
         """Admit waiting sequences, sample one token for every row, drop finished rows, run the forward."""
-        self._drop_cancelled_waiting()
         self._admit()
         if not self._rows:
             return
@@ -236,7 +217,11 @@ class Engine:
             tokens = tokens[torch.tensor(keep, device=self.device)]
         self._forward(tokens)
 
-    def _drop_cancelled_waiting(self) -> None:
+    def _admit(self) -> None:
+        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
+        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
+        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call.
+        Cancelled ones leave the queue."""
         if not self._waiting:  # the common step: nothing queued, no lock taken
             return
         with self._cond:
@@ -244,14 +229,6 @@ class Engine:
                 self._waiting.remove(seq)
                 seq.finished = True
                 self.counters["cancelled"] += 1
-
-    def _admit(self) -> None:
-        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
-        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
-        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call."""
-        if not self._waiting:
-            return
-        with self._cond:
             room = self.max_batch - len(self._rows)
             joining = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
         groups: dict[tuple[int | str, float, int], list[list[Sequence]]] = {}
@@ -282,11 +259,9 @@ class Engine:
         out = self.model.prefill(ids, passes, attention_mask=mask, past_key_values=own, use_cache=True,
                                  logits_to_keep=1, fused_tol=tol, fused_max_passes=max_passes)
         for i, seq in enumerate(group):
-            seq.generator = torch.Generator(device=self.device)
-            if seq.params.seed is None:  # from torch's global generator: torch.manual_seed makes a run repeatable
-                seq.generator.manual_seed(int(torch.randint(2**62, (1,))))
-            else:
-                seq.generator.manual_seed(seq.params.seed)
+            # Unseeded: a seed from torch's global generator, so that torch.manual_seed makes a run repeatable.
+            seed = int(torch.randint(2**62, (1,))) if seq.params.seed is None else seq.params.seed
+            seq.generator = torch.Generator(device=self.device).manual_seed(seed)
             seq.prefill_passes = int(out.fused_passes[i])
             if out.converged is not None:
                 seq.prefill_converged = bool(out.converged[i])
@@ -297,28 +272,22 @@ class Engine:
     def _join(self, group: list[Sequence], prefilled: ModelCache, logits: torch.Tensor, state: torch.Tensor,
               adjuster: BatchAdjuster) -> None:
         """Add prefilled sequences to the batch: each one's cached positions end at the write position."""
-        standard = [seq.decode.mode == "standard" for seq in group]
-        rows = dict(
-            logits=logits,
-            state=state,
-            positions=torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device),
-            plain=torch.tensor([[s] for s in standard], device=self.device),
-        )
+        positions = torch.tensor([[len(seq.prompt_ids)] for seq in group], device=self.device)
+        plain = torch.tensor([[seq.decode.mode == "standard"] for seq in group], device=self.device)
         if self._cache is None:
             self._cache = prefilled
         else:
             cache, width = self._cache, prefilled.length
             # A longer prompt moves the batch right; then leave as much room again, so joins rarely reallocate.
             cache.join(prefilled, max(cache.max_len, 2 * width) if cache.length < width else None)
-        for name, value in rows.items():
-            current = getattr(self, f"_{name}")
-            setattr(self, f"_{name}", value if current is None else torch.cat([current, value]))
+        for name, value in (("_logits", logits), ("_state", state), ("_positions", positions), ("_plain", plain)):
+            current = getattr(self, name)
+            setattr(self, name, value if current is None else torch.cat([current, value]))
         if self._adjuster is None:
             self._adjuster = adjuster
         else:
             self._adjuster.extend(adjuster)
         self._rows.extend(group)
-        self._n_standard += sum(standard)
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _ensure_room(self) -> None:
@@ -348,10 +317,8 @@ class Engine:
         want_logprobs = [i for i, s in enumerate(self._rows) if s.params.logprobs is not None]
         logprobs = picked = greedy = None
         if want_logprobs:
-            chosen = self._logits[want_logprobs]
-            logprobs = chosen.to(torch.promote_types(chosen.dtype, torch.float32)).log_softmax(dim=-1)
-            picked = logprobs.gather(1, tokens[want_logprobs].unsqueeze(1)).squeeze(1).tolist()
-            greedy = chosen.argmax(dim=-1).tolist()
+            logprobs, picked, greedy = token_logprobs(self._logits[want_logprobs], tokens[want_logprobs])
+            picked, greedy = picked.tolist(), greedy.tolist()
         keep = []
         for i, (seq, token) in enumerate(zip(self._rows, token_list)):
             if seq.cancelled:
@@ -362,7 +329,7 @@ class Engine:
             event = Event(token=token)
             if seq.params.logprobs is not None:
                 at = want_logprobs.index(i)
-                event.logprob, event.greedy = picked[at], greedy[at] == token
+                event.logprob, event.greedy = picked[at], greedy[at]
                 if seq.params.logprobs > 0:
                     top = logprobs[at].topk(seq.params.logprobs)
                     event.top_logprobs = list(zip(top.indices.tolist(), top.values.tolist()))
@@ -382,14 +349,18 @@ class Engine:
             seq.finished = True
             self.counters[counter] += 1
 
+    def _clear_batch(self) -> None:
+        self._rows: list[Sequence] = []
+        self._cache: ModelCache | None = None  # a KV cache, or a recurrent baseline's state
+        self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
+        # Per-row tensors of the running batch, in the order of self._rows.
+        self._logits = self._state = self._positions = self._plain = None
+
     def _remove_rows(self, keep: list[int]) -> None:
-        removed = [s for i, s in enumerate(self._rows) if i not in set(keep)]
-        self._n_standard -= sum(s.decode.mode == "standard" for s in removed)
-        self._rows = [self._rows[i] for i in keep]
         if not keep:
-            self._cache = self._adjuster = None
-            self._logits = self._state = self._positions = self._plain = None
+            self._clear_batch()
             return
+        self._rows = [self._rows[i] for i in keep]
         index = torch.tensor(keep, device=self.device)
         self._cache.select_rows(index)
         self._adjuster.select(keep)
@@ -398,11 +369,11 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor) -> None:
         self._ensure_room()
-        all_standard = self._n_standard == len(self._rows)
+        standard = sum(seq.decode.mode == "standard" for seq in self._rows)
         out = self.model(
             tokens.unsqueeze(1),
-            feedback=None if all_standard else self._state,
-            plain_mask=self._plain if 0 < self._n_standard < len(self._rows) else None,
+            feedback=None if standard == len(self._rows) else self._state,
+            plain_mask=self._plain if 0 < standard < len(self._rows) else None,
             position_ids=self._positions,
             past_key_values=self._cache,
             use_cache=True,
@@ -411,10 +382,8 @@ class Engine:
         self._positions = self._positions + 1
 
     def _fail_all(self, message: str) -> None:
-        rows, self._rows = self._rows, []
-        self._cache = self._adjuster = None
-        self._logits = self._state = self._positions = self._plain = None
-        self._n_standard = 0
+        rows = self._rows
+        self._clear_batch()
         for seq in rows:
             self._finish(seq, "failed")
             seq.sink(Event(error=message))

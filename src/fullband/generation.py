@@ -3,20 +3,14 @@
 - ``standard``: plain prefill, plain decoding.
 - ``soft``: plain prefill; every generated token is fused with the previous position's top state
   (the first one with the prompt's last top state).
-- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training); the KV
-  cache of the last pass is kept; then decode as in soft. ``fused_passes="auto"`` iterates per row until
-  the prompt's top states change by at most ``fused_tol`` (relative) in a pass, or ``fused_max_passes``
-  (see ``FullBandLM.prefill``); pass ``stats={}`` to learn how many passes each row ran. ``fused_passes="exact"``
-  computes that iteration's fixed point directly, the exact recurrence one prompt token at a time.
+- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training: an integer, "auto"
+  or "exact", see ``DecodeSettings``); the KV cache of the last pass is kept; then decode as in soft. Pass
+  ``stats={}`` to learn how many passes each row ran.
 
-What a call does not say comes from the settings stored with the model (``fullband.decoding``): the mode
-its training implies, and for ``fused_passes="auto"`` its tolerance and cap.
-
-The request is one ``SamplingParams`` (``fullband.sampling``, vLLM's field names) and one ``DecodeSettings``;
-``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded into those two objects once, here, and the
-decode loop is the engine's (``fullband.engine``), the one the server runs: batches of prompts with different
-lengths are left-padded, every row shares one cache write position, padding keys are masked, and RoPE positions
-count real tokens only, so a row's result does not depend on what it is batched with.
+What a call does not say comes from the settings stored with the model (``fullband.decoding``).
+``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded once, here, into one ``SamplingParams``
+(``fullband.sampling``) and one ``DecodeSettings``; the decode loop is the server's (``fullband.engine``), so a
+row's result does not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -32,8 +26,8 @@ from fullband.decoding import FIELDS as DECODE_FIELDS
 from fullband.decoding import DecodeSettings, DecodeSettingsError
 from fullband.engine import Engine, Event, left_pad
 from fullband.engine import Sequence as EngineSequence
-from fullband.model import FullBandLM, mask_positions
-from fullband.sampling import RequestLimits, SamplingParams, check_request
+from fullband.model import FullBandLM
+from fullband.sampling import RequestLimits, SamplingParams, check_request, token_logprobs
 
 __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "request", "score_continuations",
            "sequential_forward"]
@@ -84,10 +78,10 @@ def request(
     return sampling, settings
 
 
-def run_engine(model: LanguageModel, sequences: list[EngineSequence], limits: RequestLimits | None) -> Iterator[None]:
-    """Step a fixed batch of sequences through the engine until each has finished, once per step."""
+def run_engine(model: LanguageModel, sequences: list[EngineSequence]) -> Iterator[None]:
+    """Step a fixed batch of checked sequences through the engine until each has finished, once per step."""
     engine = Engine(model, max_batch=len(sequences), max_queue=0, prefill_tokens=None)
-    engine.submit(sequences, limits)
+    engine.submit(sequences, limits=None)
     while not all(seq.finished for seq in sequences):
         engine.step()
         yield
@@ -117,15 +111,15 @@ def generate_stream(
     whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
     sampling, settings = request(model, max_new_tokens, sampling, decode, eos_token_id, **fields)
     ids, mask = left_pad(input_ids, attention_mask)
-    adjustments = check_request(model.config, ids, sampling, LIMITS)  # the whole batch checked once, here
+    rows = [row[m].tolist() for row, m in zip(ids, mask)]
+    adjustments = check_request(model.config, rows, sampling, LIMITS)  # the whole batch checked once, here
     if sampling.max_tokens == 0:
         return
-    rows = [row[m].tolist() for row, m in zip(ids, mask)]
     events: list[list[Event]] = [[] for _ in rows]
     sequences = [EngineSequence(row, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i),
                                 events[i].append, settings, adjustments=adjustments) for i, row in enumerate(rows)]
     tokens = [0] * len(rows)
-    for step, _ in enumerate(run_engine(model, sequences, None)):
+    for step, _ in enumerate(run_engine(model, sequences)):
         if stats is not None and step == 0:  # the prefill is done
             stats.pop("fused_converged", None)
             stats["fused_passes"] = [seq.prefill_passes for seq in sequences]
@@ -145,11 +139,7 @@ def generate(
 ) -> torch.Tensor:
     """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
     ``eos_token_id`` or one of ``stop_token_ids``; a row that stopped earlier is filled with the token it
-    stopped at). Keyword arguments are those of ``generate_stream``: a whole ``sampling`` (``SamplingParams``) and
-    ``decode`` (``DecodeSettings``), or their fields one by one (temperature (0 = greedy), top_k, top_p, seed,
-    stop_token_ids, logit_bias, presence_penalty, frequency_penalty, repetition_penalty, min_tokens; mode
-    ("standard" | "soft" | "fused"), fused_passes (int, "auto" or "exact"), fused_tol, fused_max_passes: each
-    defaults to the model's stored setting), eos_token_id, attention_mask and stats."""
+    stopped at). Keyword arguments are those of ``generate_stream``."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
@@ -176,8 +166,8 @@ def score_continuations(
     ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
     is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
     mode, ``fused_passes`` may be "auto" or "exact"), then the continuation tokens are fed one decode step at a time,
-    each fused with the previous step's top state (soft/fused). In standard mode, where a step carries no
-    state, the continuation goes through the cached model in one call (the same keys, values and logits).
+    each fused with the previous step's top state (soft/fused). A standard step carries no state, so there it is
+    the prefill scoring, one call instead of one per token.
     ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)
     over context + continuation in parallel, as in validation; soft decoding has no such form.
 
@@ -201,68 +191,40 @@ def score_continuations(
                 f"row {i}: context {len(ctx)} + continuation {len(cont)} - 1 tokens exceed the model's max_seq_len "
                 f"{limit}; truncate the context from the left"
             )
-    if scoring == "prefill":
+    scored = SamplingParams(max_tokens=0, logprobs=0)
+    check_request(model.config, [list(c) for c in contexts], scored, LIMITS)
+    check_request(model.config, [list(c) for c in continuations], scored, LIMITS)
+    if scoring == "prefill" or settings.mode == "standard":
         return _score_prefill(model, contexts, continuations, settings)
     ids, mask = left_pad(contexts)
-    scored = SamplingParams(max_tokens=0, logprobs=0)
-    check_request(model.config, ids, scored, LIMITS)
-    check_request(model.config, [list(c) for c in continuations], scored, LIMITS)
-    if settings.mode == "standard":
-        return _score_standard(model, ids.to(model.device), mask.to(model.device), continuations, settings)
     # The engine's decode steps, each continuation token given instead of sampled: generate's own probabilities.
     events: list[list[Event]] = [[] for _ in contexts]
     sequences = [EngineSequence(row[m].tolist(), replace(scored, max_tokens=len(cont)), events[i].append, settings,
                                 forced=list(cont)) for i, (row, m, cont) in enumerate(zip(ids, mask, continuations))]
-    for _ in run_engine(model, sequences, None):
+    for _ in run_engine(model, sequences):
         pass
     dtype = torch.promote_types(model.embed.weight.dtype, torch.float32)
     return [(torch.tensor([e.logprob for e in row], dtype=dtype), torch.tensor([bool(e.greedy) for e in row]))
             for row in events]
 
 
-def _score_standard(model, ids, mask, continuations, settings: DecodeSettings):
-    """Standard mode, where a step carries no state: the continuation goes through the cached model in one call
-    after the prompt's prefill (the same keys, values and logits as the engine's steps, one call instead of L)."""
-    lengths = [len(c) for c in continuations]
-    L = max(lengths)
-    cont = torch.zeros(len(continuations), L, dtype=torch.long)
-    for i, c in enumerate(continuations):
-        cont[i, : len(c)] = torch.tensor(list(c), dtype=torch.long)  # rows that end early are fed token 0
-    cont = cont.to(model.device)
-    positions = mask_positions(mask)
-    cache = model.new_cache(ids.shape[0], ids.shape[1] + L - 1)
-    out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, position_ids=positions,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1:]
-    if L > 1:
-        rest = model(cont[:, :-1], position_ids=positions[:, -1:] + 1 + torch.arange(L - 1, device=model.device),
-                     past_key_values=cache, use_cache=True)
-        logits = torch.cat([logits, rest.logits], dim=1)
-    return _token_scores(logits, cont, [range(n) for n in lengths])
-
-
 def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
-    full = [list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)]
-    ids, mask = left_pad(full)
-    ids, mask = ids.to(model.device), mask.to(model.device)
-    check_request(model.config, ids, SamplingParams(max_tokens=0), LIMITS)
-    out = model.prefill(ids, settings.prefill_passes, attention_mask=mask, fused_tol=settings.fused_tol,
-                        fused_max_passes=settings.fused_max_passes)
-    W = ids.shape[1]
-    targets = torch.zeros(len(full), W, dtype=torch.long)
+    """One prefill over each context + continuation but its last token, left-padded, so that every row's
+    continuation is predicted by the logits of its last positions: only the last L are computed."""
+    ids, mask = left_pad([list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)])
+    L = max(len(cont) for cont in continuations)
+    out = model.prefill(ids.to(model.device), settings.prefill_passes, attention_mask=mask.to(model.device),
+                        logits_to_keep=L, fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes)
+    targets = torch.zeros(len(continuations), L, dtype=torch.long)
     for i, cont in enumerate(continuations):
-        targets[i, W - len(cont) :] = torch.tensor(list(cont), dtype=torch.long)
-    # Left padding puts every row's continuation at its end: logits at W - L .. W - 1 predict its L tokens.
-    return _token_scores(out.logits, targets.to(model.device), [range(W - len(c), W) for c in continuations])
+        targets[i, L - len(cont) :] = torch.tensor(list(cont), dtype=torch.long)
+    return _token_scores(out.logits, targets.to(model.device), [range(L - len(c), L) for c in continuations])
 
 
 def _token_scores(
     logits: torch.Tensor, targets: torch.Tensor, spans: list[range]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # float32 at least; a float64 model's scores stay float64 (the RL log-probabilities are checked against them).
-    logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
-    picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    greedy = logits.argmax(dim=-1) == targets
+    _, picked, greedy = token_logprobs(logits, targets)
     return [(picked[i, span.start : span.stop].cpu(), greedy[i, span.start : span.stop].cpu())
             for i, span in enumerate(spans)]
 

@@ -33,7 +33,7 @@ import torch
 from fullband.errors import FullbandError
 
 __all__ = ["BatchAdjuster", "LogitsAdjustments", "RequestError", "RequestLimits", "SamplingParams", "check_request",
-           "check_token_ids", "sample_rows"]
+           "check_token_ids", "sample_rows", "token_logprobs"]
 
 MAX_LOGIT_BIAS = 100.0
 MAX_OPENAI_PENALTY = 2.0
@@ -126,13 +126,11 @@ def check_request(
         raise RequestError(f"{limits.logprobs_name} must be between 0 and {limits.max_logprobs}, got {logprobs}",
                            limits.logprobs_name)
     if isinstance(prompts, torch.Tensor):
-        length, outside = prompts.shape[-1], (prompts < 0) | (prompts >= vocab_size)
-        bad = int(prompts[outside][0]) if bool(outside.any()) else None
-    else:
-        if any(len(row) == 0 for row in prompts):
-            raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
-        length = max(len(row) for row in prompts)
-        bad = next((token for row in prompts for token in row if not 0 <= token < vocab_size), None)
+        prompts = prompts.tolist()
+    if any(len(row) == 0 for row in prompts):
+        raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
+    length = max(len(row) for row in prompts)
+    bad = next((token for row in prompts for token in row if not 0 <= token < vocab_size), None)
     if bad is not None:
         raise RequestError(f"token id {bad} is outside the model's vocabulary [0, {vocab_size}) (ids outside the "
                            "vocabulary have no embedding); was the prompt encoded with this model's tokenizer?",
@@ -195,12 +193,16 @@ class LogitsAdjustments:
                                f"repeating), got {repetition_penalty!r}", "repetition_penalty")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
             raise RequestError(f"min_tokens must be an integer >= 0, got {min_tokens!r}", "min_tokens")
-        if max_tokens is not None:
-            _check_min_tokens(min_tokens, max_tokens)
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
         bias: dict[int, float] = {}
         for key, value in (logit_bias or {}).items():
-            token = _token_key(key)
-            check_token_ids("logit_bias", [token], vocab_size)
+            if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+                key = int(key)  # JSON object keys are strings
+            if isinstance(key, bool) or not isinstance(key, int):
+                raise RequestError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got "
+                                   f"{key!r}", "logit_bias")
+            (token,) = check_token_ids("logit_bias", [key], vocab_size)
             if not _is_number(value) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
                 raise RequestError(f"logit_bias of token {token} must be a number in [-{MAX_LOGIT_BIAS:g}, "
                                    f"{MAX_LOGIT_BIAS:g}], got {value!r}", "logit_bias")
@@ -220,25 +222,11 @@ class LogitsAdjustments:
         return self.counts_tokens or bool(self.logit_bias) or self.min_tokens > 0
 
 
-def _check_min_tokens(min_tokens: int, max_tokens: int) -> None:
-    if min_tokens > max_tokens:
-        raise RequestError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_tokens})", "min_tokens")
-
-
 def _is_number(value: object) -> bool:
     """An int or a float other than NaN (a bool is not a number here)."""
     if isinstance(value, bool):
         return False
     return isinstance(value, int) or (isinstance(value, float) and not math.isnan(value))
-
-
-def _token_key(key: int | str) -> int:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return key
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    raise RequestError(f"logit_bias keys must be token ids (integers, or their strings in JSON), got {key!r}",
-                       "logit_bias")
 
 
 class BatchAdjuster:
@@ -274,29 +262,25 @@ class BatchAdjuster:
         if any(r.counts_tokens for r in self.rows):
             first_real = prompt_ids.gather(1, prompt_mask.int().argmax(dim=1, keepdim=True))
             self.history = torch.where(prompt_mask.bool(), prompt_ids, first_real)
-            self.counts = self._no_counts(len(self.rows))
+            self.counts = torch.zeros(len(self.rows), vocab_size, dtype=torch.int32, device=self.device)
         self._tensors: dict[str, torch.Tensor] | None = None
-
-    @property
-    def changes_logits(self) -> bool:
-        return any(r.changes_logits for r in self.rows)
 
     def adjust(self, logits: torch.Tensor) -> torch.Tensor:
         """(B, V) logits -> the adjusted (B, V) logits, in at least float32; the same tensor when no row changes
         anything."""
-        if not self.changes_logits:
+        if not any(r.changes_logits for r in self.rows):
             return logits
         if logits.shape != (len(self.rows), self.vocab_size):
             raise ValueError(f"logits of shape {tuple(logits.shape)} for {len(self.rows)} rows of a "
                              f"{self.vocab_size}-token vocabulary")
         out = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         t = self._row_tensors(out.dtype)
-        waiting = [i for i, (r, n) in enumerate(zip(self.rows, self.generated)) if n < r.min_tokens]
-        if waiting:
-            pairs = [(i, token) for i in waiting for token in self.end_ids[i]]
-            if pairs:
-                rows, tokens = torch.tensor(pairs, device=self.device).unbind(1)
-                out[rows, tokens] = -math.inf
+        # The end tokens of the rows short of their min_tokens.
+        pairs = [(i, token) for i, (r, n) in enumerate(zip(self.rows, self.generated)) if n < r.min_tokens
+                 for token in self.end_ids[i]]
+        if pairs:
+            rows, tokens = torch.tensor(pairs, device=self.device).unbind(1)
+            out[rows, tokens] = -math.inf
         if "bias_rows" in t:
             out.index_put_((t["bias_rows"], t["bias_tokens"]), t["bias_values"], accumulate=True)
         if self.history is not None:
@@ -332,23 +316,23 @@ class BatchAdjuster:
     def extend(self, other: BatchAdjuster) -> None:
         """Append the rows of ``other`` (same vocabulary) after these rows."""
         if self.history is not None or other.history is not None:
-            # Rows without a penalty never change their logits through the history: token 0 stands in for it.
-            mine, theirs = (self.history if self.history is not None else self._no_history(len(self.rows)),
-                            other.history if other.history is not None else self._no_history(len(other.rows)))
+            (mine, my_counts), (theirs, their_counts) = self._tracked(), other._tracked()
             width = max(mine.shape[1], theirs.shape[1])
             self.history = torch.cat([_pad_with_first(mine, width), _pad_with_first(theirs, width)])
-            self.counts = torch.cat([self.counts if self.counts is not None else self._no_counts(len(self.rows)),
-                                     other.counts if other.counts is not None else self._no_counts(len(other.rows))])
+            self.counts = torch.cat([my_counts, their_counts])
         self.rows += other.rows
         self.end_ids += other.end_ids
         self.generated += other.generated
         self._tensors = None
 
-    def _no_counts(self, rows: int) -> torch.Tensor:
-        return torch.zeros(rows, self.vocab_size, dtype=torch.int32, device=self.device)
-
-    def _no_history(self, rows: int) -> torch.Tensor:
-        return torch.zeros(rows, 1, dtype=torch.long, device=self.device)
+    def _tracked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(history, counts); for rows that keep none, token 0 stands in for a history (rows without a penalty
+        never change their logits through it) and the counts are zero."""
+        if self.history is not None:
+            return self.history, self.counts
+        rows = len(self.rows)
+        return (torch.zeros(rows, 1, dtype=torch.long, device=self.device),
+                torch.zeros(rows, self.vocab_size, dtype=torch.int32, device=self.device))
 
     def _row_tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The rows' fields as tensors of the logits' dtype, built once per batch composition."""
@@ -389,6 +373,13 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int | None, 
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(..., V) logits, (...) tokens -> the log-softmax, each token's log-probability, whether it was the most likely.
+    At least float32: a float64 model's stay float64 (the RL log-probabilities are checked against them)."""
+    logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
+    return logprobs, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), logits.argmax(dim=-1) == tokens
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams],

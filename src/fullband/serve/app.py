@@ -21,6 +21,7 @@ with ``fullband.sampling.check_request``, as ``generate`` does; a refusal (``Req
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import time
@@ -148,6 +149,7 @@ class _Request(BaseModel):
 
 class CompletionRequest(_Request):
     prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int = 16  # the OpenAI default
     logprobs: int | None = None
     ignore_eos: bool = False  # as in vLLM: generate max_tokens tokens whatever the model says (benchmarks)
     echo: Any = None
@@ -197,6 +199,7 @@ class Choice:
     sent: str = ""  # the part of the text released to the client
     tokens: int = 0  # tokens generated (the usage), including a final stop token
     stopped: bool = False
+    finish_reason: str | None = None  # set by its last token: "stop" (a stop string or token) or "length"
     logprobs: LogprobEntries = field(default_factory=list)
     _scanned: int = 0  # the text's first _scanned characters hold no stop string
     _text: StreamingDetokenizer = field(init=False)
@@ -205,12 +208,17 @@ class Choice:
         self._text = StreamingDetokenizer(self.tokenizer)
 
     def add(self, event: Event) -> str:
+        """The text the token releases; all the rest when it ends the choice."""
         self.tokens += 1
         if event.logprob is not None:
             self.logprobs.append((event.token, event.logprob, event.top_logprobs or []))
         if not event.is_stop_token:
             self._text.add(event.token)
-        return self._release(final=False)
+        text = self._release(final=False)
+        if self.stopped or event.finish_reason is not None:
+            self.finish_reason = "stop" if self.stopped else event.finish_reason
+            text += self.flush()
+        return text
 
     def flush(self) -> str:
         """The rest of the text, at the end of the choice (a trailing incomplete character included)."""
@@ -232,13 +240,6 @@ class Choice:
             upto = text if final else text[: max(len(self.sent), len(text) - max(longest - 1, 0))]
         delta, self.sent = upto[len(self.sent) :], upto
         return delta
-
-
-@dataclass
-class Update:
-    index: int  # of the choice
-    text: str  # new text
-    finish_reason: str | None
 
 
 # ---- the served model: a request's parameters, its sequences and their text ------------------------------
@@ -314,9 +315,8 @@ class Served:
         sequences, choices = [], []
         for i, prompt in enumerate(prompts):
             for j in range(n):
-                index = i * n + j
                 seed = None if params.seed is None else params.seed + j
-                sink = lambda event, index=index: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
+                sink = lambda event, index=i * n + j: loop.call_soon_threadsafe(queue.put_nowait, (index, event))
                 sequences.append(Sequence(prompt, replace(params, seed=seed), sink, decode))
                 choices.append(Choice(self.tokenizer, stop))
         try:
@@ -326,13 +326,12 @@ class Served:
         return sequences, choices, queue
 
     async def updates(self, request: Request, sequences: list[Sequence], choices: list[Choice],
-                      queue: asyncio.Queue) -> AsyncIterator[Update]:
-        """The choices' text as it is generated; cancels what is left when the consumer stops or the client
-        goes away."""
-        pending = set(range(len(sequences)))
+                      queue: asyncio.Queue) -> AsyncIterator[tuple[int, str]]:
+        """(choice index, new text) as the choices are generated; cancels what is left when the consumer stops or
+        the client goes away."""
         checked = time.monotonic()
         try:
-            while pending:
+            while any(choice.finish_reason is None for choice in choices):
                 try:
                     index, event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
                 except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
@@ -342,20 +341,14 @@ class Served:
                     checked = time.monotonic()
                     if await request.is_disconnected():
                         return
-                if event is None:
-                    continue
-                if index not in pending:
-                    continue  # tokens generated after a stop string, before the cancellation took effect
+                if event is None or choices[index].finish_reason is not None:
+                    continue  # (or a token generated after a stop string, before the cancellation took effect)
                 if event.error is not None:
                     raise APIError(500, event.error, "server_error")
-                choice = choices[index]
-                text = choice.add(event)
-                finish = "stop" if choice.stopped else event.finish_reason
-                if finish is not None:
-                    text += choice.flush()
-                    pending.discard(index)
+                text = choices[index].add(event)
+                if choices[index].finish_reason is not None:
                     self.engine.cancel(sequences[index])
-                yield Update(index, text, finish)
+                yield index, text
         finally:
             for seq in sequences:
                 self.engine.cancel(seq)
@@ -368,65 +361,42 @@ class Served:
 
 
 class Answer:
-    """How an endpoint writes its choices: ``opening`` (a streamed choice's first chunk, if any), ``chunk`` (a
-    streamed update) and ``whole`` (a choice of an answer that is not streamed)."""
+    """How an endpoint writes a choice: streamed (``chunk``: its new text) or whole. Completions write text and the
+    legacy log-probabilities (tokens, offsets), chat an assistant message and per-token entries."""
 
-    prefix: str  # of the answer's id
-    object: str
-    chunk_object: str
+    def __init__(self, served: Served, chat: bool, logprobs: bool):
+        self.served, self.chat, self.logprobs = served, chat, logprobs
+        self.prefix, self.object = ("chatcmpl", "chat.completion") if chat else ("cmpl", "text_completion")
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
 
-    def __init__(self, served: Served, logprobs: bool):
-        self.served, self.logprobs = served, logprobs
+    def chunk(self, index: int, choice: Choice, text: str) -> dict[str, Any]:
+        if self.chat:
+            body = {"delta": {"content": text} if text or choice.finish_reason is None else {}}
+            logprobs = self._logprobs(choice.logprobs[-1:])
+        else:
+            body, logprobs = {"text": text}, self._logprobs(choice.logprobs[-1:], len(choice.sent) - len(text))
+        return {"index": index, **body, "logprobs": logprobs, "finish_reason": choice.finish_reason}
 
-    def opening(self, index: int) -> dict[str, Any] | None:
-        return None
+    def whole(self, index: int, choice: Choice) -> dict[str, Any]:
+        body = {"message": {"role": "assistant", "content": choice.sent}} if self.chat else {"text": choice.sent}
+        return {"index": index, **body, "logprobs": self._logprobs(choice.logprobs),
+                "finish_reason": choice.finish_reason}
 
+    def _logprobs(self, entries: LogprobEntries, start: int = 0) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
+        text = self.served.token_text
+        if self.chat:
+            def item(token: int, lp: float) -> dict[str, Any]:
+                piece = text(token)
+                return {"token": piece, "logprob": lp, "bytes": list(piece.encode())}
 
-class CompletionAnswer(Answer):
-    prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
-
-    def chunk(self, update: Update, choice: Choice) -> dict[str, Any]:
-        lp = self._logprobs(choice.logprobs[-1:], len(choice.sent) - len(update.text)) if self.logprobs else None
-        return {"index": update.index, "text": update.text, "logprobs": lp, "finish_reason": update.finish_reason}
-
-    def whole(self, index: int, choice: Choice, finish: str | None) -> dict[str, Any]:
-        return {"index": index, "text": choice.sent, "finish_reason": finish,
-                "logprobs": self._logprobs(choice.logprobs) if self.logprobs else None}
-
-    def _logprobs(self, entries: LogprobEntries, start: int = 0) -> dict[str, Any]:
-        tokens, offsets, offset = [], [], start
-        for token, _, _ in entries:
-            tokens.append(self.served.token_text(token))
-            offsets.append(offset)
-            offset += len(tokens[-1])
+            return {"content": [{**item(t, lp), "top_logprobs": [item(*top) for top in tops]}
+                                for t, lp, tops in entries]}
+        tokens = [text(token) for token, _, _ in entries]
         return {"tokens": tokens, "token_logprobs": [lp for _, lp, _ in entries],
-                "top_logprobs": [{self.served.token_text(t): v for t, v in top} for _, _, top in entries],
-                "text_offset": offsets}
-
-
-class ChatAnswer(Answer):
-    prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
-
-    def opening(self, index: int) -> dict[str, Any] | None:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
-
-    def chunk(self, update: Update, choice: Choice) -> dict[str, Any]:
-        delta = {"content": update.text} if update.text or update.finish_reason is None else {}
-        return {"index": update.index, "delta": delta,
-                "logprobs": self._logprobs(choice.logprobs[-1:]) if self.logprobs else None,
-                "finish_reason": update.finish_reason}
-
-    def whole(self, index: int, choice: Choice, finish: str | None) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": choice.sent}, "finish_reason": finish,
-                "logprobs": self._logprobs(choice.logprobs) if self.logprobs else None}
-
-    def _logprobs(self, entries: LogprobEntries, start: int = 0) -> dict[str, Any]:
-        def item(token: int, lp: float) -> dict[str, Any]:
-            text = self.served.token_text(token)
-            return {"token": text, "logprob": lp, "bytes": list(text.encode())}
-
-        return {"content": [{**item(t, lp), "top_logprobs": [item(a, b) for a, b in top]} for t, lp, top in entries]}
+                "top_logprobs": [{text(t): v for t, v in tops} for _, _, tops in entries],
+                "text_offset": list(itertools.accumulate(map(len, tokens), initial=start))[:-1]}
 
 
 async def answer(served: Served, request: Request, req: _Request, prompts: list[list[int]],
@@ -448,11 +418,12 @@ async def answer(served: Served, request: Request, req: _Request, prompts: list[
         async def events() -> AsyncIterator[str]:
             chunk = {**head, "object": shape.chunk_object}
             try:
-                openings = [shape.opening(i) for i in range(len(sequences))]
-                for opening in filter(None, openings):
+                for index in range(len(choices) if shape.chat else 0):  # a chat choice opens with its role
+                    opening = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                               "finish_reason": None}
                     yield _sse({**chunk, "choices": [opening]})
-                async for u in served.updates(request, sequences, choices, queue):
-                    yield _sse({**chunk, "choices": [shape.chunk(u, choices[u.index])]})
+                async for index, text in served.updates(request, sequences, choices, queue):
+                    yield _sse({**chunk, "choices": [shape.chunk(index, choices[index], text)]})
                 if req.stream_options is not None and req.stream_options.include_usage:
                     yield _sse({**chunk, "choices": [], "usage": usage()})
             except APIError as exc:
@@ -461,11 +432,9 @@ async def answer(served: Served, request: Request, req: _Request, prompts: list[
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    finish: dict[int, str] = {}
-    async for u in served.updates(request, sequences, choices, queue):
-        if u.finish_reason is not None:
-            finish[u.index] = u.finish_reason
-    return {**head, "choices": [shape.whole(i, c, finish.get(i)) for i, c in enumerate(choices)], "usage": usage()}
+    async for _ in served.updates(request, sequences, choices, queue):
+        pass
+    return {**head, "choices": [shape.whole(i, c) for i, c in enumerate(choices)], "usage": usage()}
 
 
 def _sse(data: dict[str, Any]) -> str:
@@ -507,11 +476,10 @@ async def models(served: ServedBy) -> dict[str, Any]:
 async def completions(req: CompletionRequest, request: Request, served: ServedBy):
     served.check_model(req)
     ends = () if req.ignore_eos else (served.tokenizer.eos_id,)
-    max_tokens = req.max_tokens if req.max_tokens is not None else 16  # the OpenAI default
-    asked = served.sampling(req, max_tokens, req.logprobs, ends)
+    asked = served.sampling(req, req.max_tokens, req.logprobs, ends)
     prompts = _prompts(req.prompt, served.tokenizer)
     return await answer(served, request, req, prompts, asked, COMPLETION_LIMITS,
-                        CompletionAnswer(served, req.logprobs is not None))
+                        Answer(served, chat=False, logprobs=req.logprobs is not None))
 
 
 @router.post("/v1/chat/completions")
@@ -535,44 +503,40 @@ async def chat(req: ChatRequest, request: Request, served: ServedBy):
     ends = [*end_of_turn_ids(served.tokenizer), served.tokenizer.eos_id]
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     asked = served.sampling(req, max_tokens, logprobs, ends)
-    return await answer(served, request, req, [prompt], asked, CHAT_LIMITS, ChatAnswer(served, req.logprobs))
+    return await answer(served, request, req, [prompt], asked, CHAT_LIMITS, Answer(served, True, req.logprobs))
 
 
 # ---- errors: OpenAI-style bodies -------------------------------------------------------------------------------
 
 
-async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+async def _error(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, RequestError):
+        exc = APIError(400, str(exc), param=exc.param)
+    elif isinstance(exc, RequestValidationError):
+        exc = _invalid_body(exc.errors())
+    elif isinstance(exc, StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        exc = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
+    elif not isinstance(exc, APIError):
+        exc = APIError(500, f"internal error: {exc}", "server_error")
     return exc.response()
 
 
-async def _request_error(request: Request, exc: RequestError) -> JSONResponse:
-    return APIError(400, str(exc), param=exc.param).response()
-
-
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
+def _invalid_body(errors: list[dict[str, Any]]) -> APIError:
+    """The 400 for a body that pydantic refuses."""
     if any(e.get("type") == "json_invalid" for e in errors):
-        return APIError(400, "the request body is not valid JSON", code="invalid_json").response()
+        return APIError(400, "the request body is not valid JSON", code="invalid_json")
     extra = [e for e in errors if e.get("type") == "extra_forbidden"]
     if extra:
-        return _unknown_field(extra[0]).response()
+        return _unknown_field(extra[0])
     if any(tuple(e.get("loc", ())) == ("body",) for e in errors):
         return APIError(400, "the request body must be a JSON object of the request's fields, sent with "
-                        "Content-Type: application/json", code="invalid_body").response()
+                        "Content-Type: application/json", code="invalid_body")
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     detail = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
                        for e in errors[:5])
-    return APIError(400, f"invalid request: {detail}", param=where).response()
-
-
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind).response()
-
-
-async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-    return APIError(500, f"internal error: {exc}", "server_error").response()
+    return APIError(400, f"invalid request: {detail}", param=where)
 
 
 def create_app(
@@ -587,9 +551,9 @@ def create_app(
     # The model's own default mode tells whether its fusion was trained: a fresh or converted model and one trained
     # with train.schedule standard store standard, every schedule that trains the fusion soft or fused
     # (fullband.decoding). The chat page marks it and says when soft and fused mean nothing yet.
-    model_mode = DecodeSettings.of(engine.model).mode
-    served = Served(engine, tokenizer, model_name, decode if decode is not None else DecodeSettings.of(engine.model),
-                    model_mode, _chat_template_error(tokenizer))
+    stored = DecodeSettings.of(engine.model)
+    served = Served(engine, tokenizer, model_name, decode if decode is not None else stored, stored.mode,
+                    _chat_template_error(tokenizer))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -600,10 +564,8 @@ def create_app(
     app = FastAPI(title="fullband", lifespan=lifespan)
     app.state.served = served
     app.include_router(router)
-    for kind, handler in ((APIError, _api_error), (RequestError, _request_error),
-                          (RequestValidationError, _validation_error), (StarletteHTTPException, _http_error),
-                          (Exception, _internal_error)):
-        app.add_exception_handler(kind, handler)
+    for kind in (APIError, RequestError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, _error)  # every error as an OpenAI-style body
     return app
 
 
