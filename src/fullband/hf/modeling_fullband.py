@@ -142,8 +142,7 @@ class FullBandCache(Cache):
         if self.next_position is not None:
             self.next_position = self.next_position.index_select(0, indices)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
+    reorder_cache = batch_select_indices
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.kv is not None:
@@ -254,8 +253,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             raise ValueError("fullband models take input_ids only (inputs_embeds is not supported)")
         if input_ids is None:
             raise ValueError("input_ids is required")
-        if cache is None:
-            cache = past_key_values
+        cache = past_key_values if cache is None else cache
         if cache is not None and not isinstance(cache, FullBandCache):
             raise ValueError(
                 f"fullband models need a FullBandCache, got {type(cache).__name__}; let generate() create it "
@@ -282,11 +280,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep > 0:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = logits[:, logits_to_keep]
+        logits = logits[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
         out = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
