@@ -105,10 +105,6 @@ class FullBandCache(Cache):
         return -1 if self.kv is None else self.kv.batch_size
 
     @property
-    def is_compileable(self) -> bool:
-        return False
-
-    @property
     def is_initialized(self) -> bool:
         return self.kv is not None
 
@@ -188,10 +184,9 @@ class FullBandCache(Cache):
 class FullBandPreTrainedModel(PreTrainedModel):
     config_class = FullBandHFConfig
     base_model_prefix = "model"
-    main_input_name = "input_ids"
+    _input_embed_layer = "embed"  # transformers' get/set_input_embeddings find it under self.model
     _no_split_modules = ["Block"]
     _supports_sdpa = True
-    supports_gradient_checkpointing = False
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -213,12 +208,6 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = FullBandLM(FullBandConfig.from_dict(config.fullband or {}))
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed = value
 
     def get_output_embeddings(self) -> nn.Module | None:
         return self.model.lm_head  # None when tied: FullBandLM reuses the embedding matrix itself
