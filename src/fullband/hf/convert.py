@@ -17,7 +17,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.storage import read_safetensors
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -218,18 +219,6 @@ def _weight_files(src: Path) -> list[Path]:
     raise CheckpointError(f"cannot import {src}: no model.safetensors or model.safetensors.index.json")
 
 
-def _safetensors(src: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
-    for path in _weight_files(src):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"cannot import {src}: {path.name} is unreadable or truncated: {exc}") from exc
-
-
 def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, Iterable[tuple[str, torch.Tensor]]]:
     """The config and (float32, dequantized) tensors of ``src/gguf_file`` as transformers loads them; an
     architecture fullband cannot represent is refused before the weights are read."""
@@ -273,7 +262,7 @@ def hf_to_fullband_model(
                 "name a GGUF file inside it with --gguf-file)"
             )
         config = hf_config_to_fullband(json.loads(config_path.read_text()), src)
-        tensors = _safetensors(src)
+        tensors = [item for path in _weight_files(src) for item in read_safetensors(path).items()]
     state, hf_names = {}, {}
     for hf_name, tensor in tensors:
         if hf_name.endswith("rotary_emb.inv_freq") or (hf_name == "lm_head.weight" and config.tie_embeddings):
