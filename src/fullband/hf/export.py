@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from fullband.architectures import FBT, load_pretrained, stored_arch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
+from fullband.hf.convert import GENERATION_CONFIG, copy_tokenizer_files
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
 from fullband.model import ordinary_file_mode
@@ -76,9 +76,7 @@ def export_hf(
         raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
                               f"{model_dir} is arch {stored_arch(model_dir)!r}")
     try:
-        dtype = _stored_dtype(model_dir)
-        model = load_pretrained(model_dir, dtype=dtype)
-        dtype = model.embed.weight.dtype
+        model = load_pretrained(model_dir, dtype=_stored_dtype(model_dir))
     except FileNotFoundError as exc:
         raise CheckpointError(str(exc)) from exc
     except ValueError as exc:
@@ -100,15 +98,17 @@ def export_hf(
         **settings.to_dict(),
         architectures=["FullBandForCausalLM"],
         auto_map=dict(AUTO_MAP),
-        dtype=dtype,
+        dtype=model.embed.weight.dtype,
         **special,
     )
+    generation.pop("transformers_version", None)
     if generation:
-        generation = {k: v for k, v in generation.items() if k != "transformers_version"}
         generation_config = GenerationConfig.from_dict(generation)
     else:
         generation_config = GenerationConfig.from_model_config(config)
 
+    # The tokenizer's own files; the generation_config.json that comes with them is replaced by the merged one.
+    copy_tokenizer_files(tokenizer_dir, dst)
     dst.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(dst)
     generation_config.save_pretrained(dst)
@@ -118,8 +118,5 @@ def export_hf(
     os.chmod(weights, ordinary_file_mode())
     for name, code in SHIPPED_CODE.items():
         shutil.copyfile(code, dst / name)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, dst / name)
     write_tokenizer_files(own_tokenizer, dst, model.config.max_seq_len)
     return dst
