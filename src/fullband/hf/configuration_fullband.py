@@ -50,9 +50,8 @@ class FullBandHFConfig(PreTrainedConfig):
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
-        for name in _STANDARD_NAMES:  # derived below; stale copies from a saved config.json are dropped
+        for name in (*_STANDARD_NAMES, "head_dim"):  # derived below; stale copies from a saved config.json are dropped
             kwargs.pop(name, None)
-        kwargs.pop("head_dim", None)
         self.decode_settings()  # refuse a bad stored value when the config is read, not at the first generate()
         super().__post_init__(**kwargs)
         fb = dict(self.fullband or {})

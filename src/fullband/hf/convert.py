@@ -1,22 +1,23 @@
 """Import a Hugging Face Llama-family checkpoint (Llama, Qwen2, Qwen3, Mistral) into a fullband model directory.
 
-Reads ``config.json`` and the safetensors weights (one file or an index with shards) directly, without
-``transformers``, maps every tensor onto :class:`fullband.model.FullBandLM` and adds freshly initialised
-fusion weights. A GGUF file (``gguf_file``) is read through transformers' own GGUF loading instead, which
-dequantizes its weights and rebuilds its config and tokenizer (chat template included); the same mapping and
-refusals then apply. Anything fullband cannot represent exactly (a RoPE scaling type it does not implement, a
-bias it does not model, a sliding-window layout it cannot express, ...) is refused with a
-:class:`fullband.errors.ConfigError` that names the field — never silently approximated.
+Reads ``config.json`` through transformers' own config class (which fills in the model's defaults and
+standardizes its RoPE parameters and layer types) and the safetensors weights (one file or an index with shards)
+directly, maps every tensor onto :class:`fullband.model.FullBandLM` and adds freshly initialised fusion weights.
+A GGUF file (``gguf_file``) is read through transformers' own GGUF loading instead, which dequantizes its weights
+and rebuilds its config and tokenizer (chat template included); the same mapping and refusals then apply.
+Anything fullband cannot represent exactly (a RoPE scaling type it does not implement, a bias it does not model,
+a sliding-window layout it cannot express, ...) is refused with a :class:`fullband.errors.ConfigError` that names
+the field — never silently approximated.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
+import re
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError, ConfigError
 from fullband.model import FullBandConfig, FullBandLM
+from fullband.storage import read_safetensors
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -44,112 +46,86 @@ TOKENIZER_FILES = (
 )
 GENERATION_CONFIG = "generation_config.json"
 
+# Checked in config.json itself: transformers would fill them in with its defaults.
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# The scaling fields fullband implements, per RoPE type ("default": no scaling).
+_ROPE_FIELDS = {"default": (), "linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
+# Hugging Face tensor names -> FullBandLM's, applied in order; a name no rule fits is refused as unmodelled.
+_RENAMES = (
+    (r"^model\.", ""),
+    (r"^embed_tokens\.", "embed."),
+    (r"\.input_layernorm\.", ".attn_norm."),
+    (r"\.post_attention_layernorm\.", ".mlp_norm."),
+    (r"\.self_attn\.", ".attn."),
+)
 
 
 def _refuse(src: Path, message: str) -> ConfigError:
     return ConfigError(f"cannot import {src}: {message}")
 
 
-def _get(cfg: dict[str, Any], key: str) -> Any:
-    """``key`` as transformers reads ``cfg``: its value, or the default of the model class (``AutoConfig``) where
-    config.json leaves it out."""
-    if key in cfg:
-        return cfg[key]
-    return getattr(_transformers_config(json.dumps(cfg, sort_keys=True)), key, None)
+def _transformers_config(src: Path, cfg: dict[str, Any]) -> Any:
+    """The ``PreTrainedConfig`` transformers builds from ``cfg``: the model class's defaults for what config.json
+    leaves out, the RoPE parameters standardized (legacy ``rope_theta`` + ``rope_scaling`` included) and, for Qwen,
+    ``layer_types`` derived from ``use_sliding_window`` and ``max_window_layers``."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as exc:
+        raise ConfigError("importing a Hugging Face checkpoint reads its config.json with transformers: "
+                          "pip install 'fullband[hf]'") from exc
+    fields = {k: v for k, v in cfg.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(cfg["model_type"], **fields)
+    except Exception as exc:  # its validators raise ValueError, KeyError, TypeError and huggingface_hub's own errors
+        raise _refuse(src, f"transformers refuses its config.json: {exc}") from exc
 
 
-@functools.lru_cache(maxsize=4)
-def _transformers_config(cfg_json: str) -> Any:
-    """The ``PretrainedConfig`` transformers builds from a config.json (cached: one build per checkpoint)."""
-    from transformers import AutoConfig
-
-    fields = json.loads(cfg_json)
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
-
-def _rope(src: Path, cfg: dict[str, Any], max_positions: int) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from either the transformers 5.x ``rope_parameters`` or the legacy
-    ``rope_theta`` + ``rope_scaling`` keys."""
-    params = cfg.get("rope_parameters")
-    legacy = cfg.get("rope_scaling")
-    if params is not None and not isinstance(params, dict):
-        raise _refuse(src, f"rope_parameters={params!r} is not a dict")
-    if params and any(isinstance(v, dict) for v in params.values()):
-        # Nested per layer type, e.g. {"full_attention": {...}, "sliding_attention": {...}}.
-        distinct = {json.dumps(v, sort_keys=True) for v in params.values()}
-        if len(distinct) != 1:
-            raise _refuse(
-                src,
-                f"rope_parameters differ per layer type ({sorted(params)}); fullband uses one RoPE for all layers",
-            )
-        params = next(iter(params.values()))
-    scaling: dict[str, Any] = dict(params or legacy or {})
-    theta = scaling.pop("rope_theta", None)
-    if theta is None:
-        theta = cfg.get("rope_theta", 10000.0)
-    rope_type = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
-    scaling.pop("type", None)
-    partial = scaling.pop("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+def _rope(src: Path, hf: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) of transformers' standardized ``rope_parameters``."""
+    params = hf.rope_parameters or {}
+    per_layer_type = {k: v for k, v in params.items() if isinstance(v, dict)}
+    if per_layer_type:  # e.g. {"full_attention": {...}, "sliding_attention": {...}}
+        if len({json.dumps(v, sort_keys=True) for v in per_layer_type.values()}) != 1:
+            raise _refuse(src, f"rope_parameters differ per layer type ({sorted(per_layer_type)}); fullband uses one "
+                          "RoPE for all layers")
+        params = next(iter(per_layer_type.values()))
+    partial = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
     if partial not in (None, 1, 1.0):
         raise _refuse(src, f"partial_rotary_factor={partial!r}: fullband rotates the whole head (1.0 only)")
+    theta, rope_type = float(params["rope_theta"]), params.get("rope_type", "default")
+    if rope_type not in _ROPE_FIELDS:
+        raise _refuse(
+            src,
+            f"RoPE scaling type {rope_type!r} (rope_scaling / rope_parameters) is not implemented by fullband; "
+            "supported: 'default' (none), 'linear' and 'llama3'. Converting would change the model's positions.",
+        )
     if rope_type == "default":
-        return float(theta), None
-    if rope_type == "linear":
-        if "factor" not in scaling:
-            raise _refuse(src, "rope scaling type 'linear' without a 'factor'")
-        return float(theta), {"rope_type": "linear", "factor": float(scaling["factor"])}
+        return theta, None
+    # transformers has checked that the fields are there
+    scaling = {"rope_type": rope_type, **{k: float(params[k]) for k in _ROPE_FIELDS[rope_type]}}
     if rope_type == "llama3":
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in scaling]
-        if missing:
-            raise _refuse(src, f"rope scaling type 'llama3' lacks {missing}")
-        return float(theta), {
-            "rope_type": "llama3",
-            "factor": float(scaling["factor"]),
-            "low_freq_factor": float(scaling["low_freq_factor"]),
-            "high_freq_factor": float(scaling["high_freq_factor"]),
-            "original_max_position_embeddings": int(
-                scaling.get(
-                    "original_max_position_embeddings", cfg.get("original_max_position_embeddings", max_positions)
-                )
-            ),
-        }
-    raise _refuse(
-        src,
-        f"RoPE scaling type {rope_type!r} (rope_scaling / rope_parameters) is not implemented by fullband; "
-        "supported: 'default' (none), 'linear' and 'llama3'. Converting would change the model's positions.",
-    )
+        original = params.get("original_max_position_embeddings", hf.max_position_embeddings)
+        scaling["original_max_position_embeddings"] = int(original)
+    return theta, scaling
 
 
-def _sliding(src: Path, cfg: dict[str, Any], n_layers: int) -> tuple[int | None, int]:
+def _sliding(src: Path, hf: Any, n_layers: int) -> tuple[int | None, int]:
     """(sliding_window, full_attention_every) reproducing exactly which layers use the window."""
-    model_type = cfg["model_type"]
-    window = _get(cfg, "sliding_window")
-    if model_type == "llama":
+    window = getattr(hf, "sliding_window", None)
+    if hf.model_type == "llama":
         return None, 0
-    if model_type == "mistral":
+    if hf.model_type == "mistral":
         # Mistral applies its window (if any) to every layer; it ignores `layer_types`.
-        if window is None:
-            return None, 0
-        sliding = [True] * n_layers
-    else:  # qwen2 / qwen3
-        if not _get(cfg, "use_sliding_window"):
-            window = None
-        layer_types = cfg.get("layer_types")
-        if layer_types is None:
-            first_windowed = _get(cfg, "max_window_layers")
-            layer_types = [
-                "sliding_attention" if window is not None and i >= first_windowed else "full_attention"
-                for i in range(n_layers)
-            ]
-        unknown = sorted(set(layer_types) - {"sliding_attention", "full_attention"})
-        if unknown or len(layer_types) != n_layers:
-            raise _refuse(src, f"layer_types={layer_types!r}: only 'full_attention'/'sliding_attention', one per layer")
-        sliding = [t == "sliding_attention" for t in layer_types]
-        if not any(sliding):
-            return None, 0
-        if window is None:
+        sliding = [window is not None] * n_layers
+    else:  # qwen2 / qwen3: transformers checked `layer_types` (one per layer) or derived it
+        unknown = sorted(set(hf.layer_types) - {"sliding_attention", "full_attention"})
+        if unknown:
+            raise _refuse(src, f"layer_types={hf.layer_types!r}: only 'full_attention'/'sliding_attention'")
+        sliding = [t == "sliding_attention" for t in hf.layer_types]
+        if any(sliding) and window is None:
             raise _refuse(src, "layer_types has sliding_attention layers but sliding_window is null")
+    if not any(sliding):
+        return None, 0
     if not isinstance(window, int) or window < 1:
         raise _refuse(src, f"sliding_window={window!r} must be a positive integer")
     for every in [0, *range(2, n_layers + 1)]:
@@ -181,45 +157,40 @@ def hf_config_to_fullband(cfg: dict[str, Any], src: str | os.PathLike = "<config
         raise _refuse(src, f"config.json lacks {missing}")
     if cfg.get("quantization_config"):
         raise _refuse(src, "quantized checkpoints (quantization_config) are not supported; use unquantized weights")
-    act = _get(cfg, "hidden_act")
-    if act != "silu":
-        raise _refuse(src, f"hidden_act={act!r}: fullband's MLP is SwiGLU with silu only")
-    if _get(cfg, "mlp_bias"):
+    hf = _transformers_config(src, cfg)
+    if hf.hidden_act != "silu":
+        raise _refuse(src, f"hidden_act={hf.hidden_act!r}: fullband's MLP is SwiGLU with silu only")
+    if getattr(hf, "mlp_bias", False):
         raise _refuse(src, "mlp_bias=true: fullband's MLP has no biases")
-    qkv_bias = model_type == "qwen2"
-    if model_type in ("llama", "qwen3") and _get(cfg, "attention_bias"):
+    if model_type in ("llama", "qwen3") and hf.attention_bias:
         raise _refuse(
             src,
             "attention_bias=true biases q/k/v *and* o_proj; fullband models q/k/v biases only (qkv_bias), "
             "not an output-projection bias",
         )
-    n_layers = int(cfg["num_hidden_layers"])
-    max_positions = int(_get(cfg, "max_position_embeddings"))
-    theta, scaling = _rope(src, cfg, max_positions)
-    window, every = _sliding(src, cfg, n_layers)
-    n_heads = int(cfg["num_attention_heads"])
-    head_dim = _get(cfg, "head_dim")
-    d_model = int(cfg["hidden_size"])
-    if head_dim is not None and int(head_dim) == d_model // n_heads and d_model % n_heads == 0:
-        head_dim = None
+    theta, scaling = _rope(src, hf)
+    window, every = _sliding(src, hf, hf.num_hidden_layers)
+    head_dim = getattr(hf, "head_dim", None)
+    if head_dim is not None and head_dim * hf.num_attention_heads == hf.hidden_size:
+        head_dim = None  # the default
     try:
         return FullBandConfig(
-            vocab_size=int(cfg["vocab_size"]),
-            d_model=d_model,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=_get(cfg, "num_key_value_heads") or n_heads,
-            head_dim=None if head_dim is None else int(head_dim),
-            d_ff=int(cfg["intermediate_size"]),
-            max_seq_len=max_positions,
+            vocab_size=hf.vocab_size,
+            d_model=hf.hidden_size,
+            n_layers=hf.num_hidden_layers,
+            n_heads=hf.num_attention_heads,
+            n_kv_heads=hf.num_key_value_heads or hf.num_attention_heads,
+            head_dim=head_dim,
+            d_ff=hf.intermediate_size,
+            max_seq_len=hf.max_position_embeddings,
             rope_theta=theta,
             rope_scaling=scaling,
-            norm_eps=float(_get(cfg, "rms_norm_eps")),
+            norm_eps=float(hf.rms_norm_eps),
             qk_norm=model_type == "qwen3",
-            qkv_bias=qkv_bias,
+            qkv_bias=model_type == "qwen2",
             sliding_window=window,
             full_attention_every=every,
-            tie_embeddings=bool(_get(cfg, "tie_word_embeddings")),
+            tie_embeddings=bool(hf.tie_word_embeddings),
         )
     except ValueError as exc:
         raise _refuse(src, str(exc)) from exc
@@ -248,76 +219,8 @@ def _weight_files(src: Path) -> list[Path]:
     raise CheckpointError(f"cannot import {src}: no model.safetensors or model.safetensors.index.json")
 
 
-def _map_name(name: str, config: FullBandConfig) -> str | None:
-    """HF tensor name -> FullBandLM state-dict name; None for tensors to skip."""
-    if name.endswith("rotary_emb.inv_freq"):
-        return None  # a buffer some old checkpoints saved; recomputed from the config
-    if name == "lm_head.weight":
-        return None if config.tie_embeddings else "lm_head.weight"
-    if name.startswith("model."):
-        name = name[len("model.") :]
-    if name == "embed_tokens.weight":
-        return "embed.weight"
-    if name == "norm.weight":
-        return "norm.weight"
-    parts = name.split(".")
-    if len(parts) >= 4 and parts[0] == "layers":
-        i, rest = parts[1], ".".join(parts[2:])
-        renames = {
-            "input_layernorm.weight": "attn_norm.weight",
-            "post_attention_layernorm.weight": "mlp_norm.weight",
-        }
-        if rest in renames:
-            return f"layers.{i}.{renames[rest]}"
-        if rest.startswith("self_attn."):
-            return f"layers.{i}.attn.{rest[len('self_attn.') :]}"
-        if rest.startswith("mlp."):
-            return f"layers.{i}.{rest}"
-    return "?" + name
-
-
-def _map_state(
-    src: Path, config: FullBandConfig, tensors: Iterable[tuple[str, torch.Tensor]]
-) -> dict[str, torch.Tensor]:
-    """HF-named tensors -> a FullBandLM state dict (without fusion weights); refuses tensors fullband does not
-    model."""
-    state: dict[str, torch.Tensor] = {}
-    unknown: list[str] = []
-    for name, tensor in tensors:
-        target = _map_name(name, config)
-        if target is None:
-            continue
-        if target.startswith("?"):
-            unknown.append(name)
-            continue
-        state[target] = tensor
-    if unknown:
-        raise _refuse(
-            src,
-            f"the checkpoint holds tensors fullband does not model: {unknown[:8]}"
-            + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""),
-        )
-    return state
-
-
-def _safetensors(src: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
-
-    for path in _weight_files(src):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"cannot import {src}: {path.name} is unreadable or truncated: {exc}") from exc
-
-
-def load_hf_state_dict(src: Path, config: FullBandConfig) -> dict[str, torch.Tensor]:
-    return _map_state(src, config, _safetensors(src))
-
-
-def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, dict[str, torch.Tensor]]:
-    """The config and (float32, dequantized) state dict of ``src/gguf_file`` as transformers loads it; an
+def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, Iterable[tuple[str, torch.Tensor]]]:
+    """The config and (float32, dequantized) tensors of ``src/gguf_file`` as transformers loads them; an
     architecture fullband cannot represent is refused before the weights are read."""
     path = src / gguf_file
     if not path.is_file():
@@ -339,7 +242,7 @@ def _load_gguf(src: Path, gguf_file: str) -> tuple[FullBandConfig, dict[str, tor
     config = hf_config_to_fullband(cfg, path)
     # config=: the GGUF's metadata is parsed once more for the weights otherwise (seconds for a 49k vocabulary)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_file, dtype=torch.float32, config=hf_config)
-    return config, _map_state(path, config, model.state_dict().items())
+    return config, model.state_dict().items()
 
 
 def hf_to_fullband_model(
@@ -349,7 +252,7 @@ def hf_to_fullband_model(
     file ``gguf_file`` inside it); the fusion weights are freshly initialised."""
     src = Path(src)
     if gguf_file is not None:
-        config, state = _load_gguf(src, gguf_file)
+        config, tensors = _load_gguf(src, gguf_file)
         src = src / gguf_file
     else:
         config_path = src / "config.json"
@@ -359,22 +262,31 @@ def hf_to_fullband_model(
                 "name a GGUF file inside it with --gguf-file)"
             )
         config = hf_config_to_fullband(json.loads(config_path.read_text()), src)
-        state = load_hf_state_dict(src, config)
+        tensors = [item for path in _weight_files(src) for item in read_safetensors(path).items()]
+    state, hf_names = {}, {}
+    for hf_name, tensor in tensors:
+        if hf_name.endswith("rotary_emb.inv_freq") or (hf_name == "lm_head.weight" and config.tie_embeddings):
+            continue  # a buffer some old checkpoints saved (recomputed from the config); the tied head is the embedding
+        name = hf_name
+        for pattern, replacement in _RENAMES:
+            name = re.sub(pattern, replacement, name)
+        state[name], hf_names[name] = tensor, hf_name
     model = FullBandLM(config)
     expected = {k: v for k, v in model.state_dict().items() if not k.startswith("fusion.")}
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    unexpected = [hf_names[name] for name in sorted(set(state) - set(expected))]
     if unexpected:
         raise _refuse(
             src,
-            f"tensors {unexpected[:8]} have no place in the fullband model (a bias or norm fullband does not model?)",
+            f"the checkpoint holds tensors fullband does not model (a bias or norm?): {unexpected[:8]}"
+            + (f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""),
         )
+    missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(f"cannot import {src}: the checkpoint lacks {missing[:8]} (total {len(missing)})")
     for name, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
-                f"cannot import {src}: {name} has shape {tuple(tensor.shape)}, the config implies "
+                f"cannot import {src}: {hf_names[name]} has shape {tuple(tensor.shape)}, the config implies "
                 f"{tuple(expected[name].shape)}"
             )
     model.load_state_dict(state, strict=False)
@@ -383,29 +295,17 @@ def hf_to_fullband_model(
     return model
 
 
-def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
-    """Copy the Hugging Face tokenizer files (and generation_config.json) of ``src`` into ``dst``; returns
-    the names copied. Nothing is created when ``src`` has no tokenizer file."""
+def copy_tokenizer_files(src: Path, dst: Path) -> None:
+    """Copy the Hugging Face tokenizer files (and generation_config.json) of ``src`` into ``dst``; nothing is
+    created when ``src`` has no tokenizer file."""
     names = [name for name in TOKENIZER_FILES if (src / name).is_file()]
     if not names:
-        return []
+        return
     if (src / GENERATION_CONFIG).is_file():
         names.append(GENERATION_CONFIG)
     dst.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copyfile(src / name, dst / name)
-    return names
-
-
-def save_gguf_tokenizer(src: Path, gguf_file: str, dst: Path) -> list[str]:
-    """The tokenizer transformers rebuilds from the GGUF metadata (vocabulary, merges, special tokens, chat
-    template), saved as Hugging Face tokenizer files in ``dst``; returns the names written."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=gguf_file)
-    dst.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(dst)
-    return sorted(p.name for p in dst.iterdir())
 
 
 def convert_from_hf(
@@ -437,7 +337,11 @@ def convert_from_hf(
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
     if gguf_file is not None:
-        save_gguf_tokenizer(src, gguf_file, dst / "tokenizer")
+        # The tokenizer transformers rebuilds from the GGUF metadata (vocabulary, merges, special tokens, chat
+        # template), saved as Hugging Face tokenizer files.
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(src, gguf_file=gguf_file).save_pretrained(dst / "tokenizer")
     else:
         copy_tokenizer_files(src, dst / "tokenizer")
     return dst

@@ -7,24 +7,28 @@ import os
 import shutil
 from pathlib import Path
 
+from safetensors.torch import save_file
+
 from fullband.architectures import FBT, load_pretrained, stored_arch
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
+from fullband.hf.convert import GENERATION_CONFIG, copy_tokenizer_files
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
 from fullband.model import ordinary_file_mode
 from fullband.storage import resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
-MODEL_SOURCE = _HERE.parent / "model.py"
-MODEL_FILE = "fullband_model.py"
-# model.py imports these relatively (and nothing else of the package): they ship beside it under their own names.
-MODEL_DEPENDENCIES = ("kv_cache.py",)
-# The modeling code's own copy of fullband's decode settings (it imports fullband_model.py, fullband's package only
-# inside try/except).
-DECODING_SOURCE, DECODING_FILE = _HERE.parent / "decoding.py", "fullband_decoding.py"
-MODULE_FILES = ("configuration_fullband.py", "modeling_fullband.py")
+# The files an export ships beside its weights (name in the export: source). The modeling code imports fullband's
+# own model.py and decoding.py relatively, as fullband_model.py and fullband_decoding.py (fullband's package only
+# inside try/except); model.py imports kv_cache.py relatively, and nothing else of the package.
+SHIPPED_CODE = {
+    "configuration_fullband.py": _HERE / "configuration_fullband.py",
+    "modeling_fullband.py": _HERE / "modeling_fullband.py",
+    "fullband_model.py": _HERE.parent / "model.py",
+    "kv_cache.py": _HERE.parent / "kv_cache.py",
+    "fullband_decoding.py": _HERE.parent / "decoding.py",
+}
 AUTO_MAP = {
     "AutoConfig": "configuration_fullband.FullBandHFConfig",
     "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
@@ -63,20 +67,16 @@ def export_hf(
     (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the tokenizer files of
     the model's ``tokenizer/``. The model's stored decode settings, with the fields given here replaced, become
     the defaults of ``generate()``."""
-    import torch
     from transformers import GenerationConfig
 
     from fullband.hf.configuration_fullband import FullBandHFConfig
-    from fullband.hf.modeling_fullband import FullBandForCausalLM
 
     model_dir, dst = resolve_model_dir(source), Path(dst)
     if stored_arch(model_dir) != FBT:
         raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
                               f"{model_dir} is arch {stored_arch(model_dir)!r}")
     try:
-        dtype = _stored_dtype(model_dir)
-        model = load_pretrained(model_dir, dtype=dtype)
-        dtype = model.embed.weight.dtype
+        model = load_pretrained(model_dir, dtype=_stored_dtype(model_dir))
     except FileNotFoundError as exc:
         raise CheckpointError(str(exc)) from exc
     except ValueError as exc:
@@ -98,36 +98,25 @@ def export_hf(
         **settings.to_dict(),
         architectures=["FullBandForCausalLM"],
         auto_map=dict(AUTO_MAP),
-        dtype=dtype,
+        dtype=model.embed.weight.dtype,
         **special,
     )
-    with torch.device("meta"):
-        hf_model = FullBandForCausalLM(config)
-    hf_model = hf_model.to_empty(device="cpu").to(dtype)
-    hf_model.model.load_state_dict(model.state_dict())
-    hf_model.model.inv_freq.copy_(model.inv_freq)
+    generation.pop("transformers_version", None)
     if generation:
-        generation = {k: v for k, v in generation.items() if k != "transformers_version"}
-        hf_model.generation_config = GenerationConfig.from_dict(generation)
+        generation_config = GenerationConfig.from_dict(generation)
     else:
-        hf_model.generation_config = GenerationConfig.from_model_config(config)
+        generation_config = GenerationConfig.from_model_config(config)
 
+    # The tokenizer's own files; the generation_config.json that comes with them is replaced by the merged one.
+    copy_tokenizer_files(tokenizer_dir, dst)
     dst.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(dst)
-    for weights in dst.glob("*.safetensors"):  # one file or shards; safetensors writes them with mode 0600
-        os.chmod(weights, ordinary_file_mode())
-    config_path = dst / "config.json"
-    saved = _read_json(config_path)
-    saved["auto_map"] = dict(AUTO_MAP)
-    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    for name in MODULE_FILES:
-        shutil.copyfile(_HERE / name, dst / name)
-    shutil.copyfile(MODEL_SOURCE, dst / MODEL_FILE)
-    shutil.copyfile(DECODING_SOURCE, dst / DECODING_FILE)
-    for name in MODEL_DEPENDENCIES:
-        shutil.copyfile(MODEL_SOURCE.parent / name, dst / name)
-    for name in TOKENIZER_FILES:
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, dst / name)
+    config.save_pretrained(dst)
+    generation_config.save_pretrained(dst)
+    # The names FullBandForCausalLM gives the weights (FullBandLM under `model`); safetensors writes mode 0600.
+    weights = dst / "model.safetensors"
+    save_file({f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}, weights, {"format": "pt"})
+    os.chmod(weights, ordinary_file_mode())
+    for name, code in SHIPPED_CODE.items():
+        shutil.copyfile(code, dst / name)
     write_tokenizer_files(own_tokenizer, dst, model.config.max_seq_len)
     return dst

@@ -5,18 +5,6 @@ in an exported directory; here that resolves to the package's own model code (th
 exported copy of ``model.py`` imports ``KVCache`` from the ``kv_cache.py`` shipped beside it.
 """
 
-from fullband.kv_cache import KVCache
-from fullband.model import (
-    DEFAULT_FUSED_MAX_PASSES,
-    DEFAULT_FUSED_TOL,
-    FullBandConfig,
-    FullBandLM,
-    RMSNorm,
-    init_std_of,
-    mask_positions,
-    rope_inv_freq,
-    shift_right,
-)
+from fullband.model import FullBandConfig, FullBandLM, KVCache, RMSNorm, init_std_of, mask_positions, rope_inv_freq
 
-__all__ = ["DEFAULT_FUSED_MAX_PASSES", "DEFAULT_FUSED_TOL", "FullBandConfig", "FullBandLM", "KVCache", "RMSNorm",
-           "init_std_of", "mask_positions", "rope_inv_freq", "shift_right"]
+__all__ = ["FullBandConfig", "FullBandLM", "KVCache", "RMSNorm", "init_std_of", "mask_positions", "rope_inv_freq"]

@@ -105,10 +105,6 @@ class FullBandCache(Cache):
         return -1 if self.kv is None else self.kv.batch_size
 
     @property
-    def is_compileable(self) -> bool:
-        return False
-
-    @property
     def is_initialized(self) -> bool:
         return self.kv is not None
 
@@ -142,8 +138,7 @@ class FullBandCache(Cache):
         if self.next_position is not None:
             self.next_position = self.next_position.index_select(0, indices)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
+    reorder_cache = batch_select_indices
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.kv is not None:
@@ -189,10 +184,9 @@ class FullBandCache(Cache):
 class FullBandPreTrainedModel(PreTrainedModel):
     config_class = FullBandHFConfig
     base_model_prefix = "model"
-    main_input_name = "input_ids"
+    _input_embed_layer = "embed"  # transformers' get/set_input_embeddings find it under self.model
     _no_split_modules = ["Block"]
     _supports_sdpa = True
-    supports_gradient_checkpointing = False
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -214,12 +208,6 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = FullBandLM(FullBandConfig.from_dict(config.fullband or {}))
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.model.embed
-
-    def set_input_embeddings(self, value: nn.Module) -> None:
-        self.model.embed = value
 
     def get_output_embeddings(self) -> nn.Module | None:
         return self.model.lm_head  # None when tied: FullBandLM reuses the embedding matrix itself
@@ -254,8 +242,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             raise ValueError("fullband models take input_ids only (inputs_embeds is not supported)")
         if input_ids is None:
             raise ValueError("input_ids is required")
-        if cache is None:
-            cache = past_key_values
+        cache = past_key_values if cache is None else cache
         if cache is not None and not isinstance(cache, FullBandCache):
             raise ValueError(
                 f"fullband models need a FullBandCache, got {type(cache).__name__}; let generate() create it "
@@ -282,11 +269,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
-        if isinstance(logits_to_keep, int):
-            if logits_to_keep > 0:
-                logits = logits[:, -logits_to_keep:]
-        else:
-            logits = logits[:, logits_to_keep]
+        logits = logits[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
         out = CausalLMOutputWithPast(
             loss=loss,
             logits=logits,

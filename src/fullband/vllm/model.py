@@ -134,7 +134,6 @@ class FullBandModel(nn.Module):
 
     def __init__(self, config: FullBandConfig, cache_config, quant_config, prefix: str):
         super().__init__()
-        self.config = config
         self.embed = VocabParallelEmbedding(config.vocab_size, config.d_model, prefix=f"{prefix}.embed")
         self.layers = nn.ModuleList(FullBandBlock(config, i, cache_config, quant_config, f"{prefix}.layers.{i}")
                                     for i in range(config.n_layers))
@@ -246,7 +245,7 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.logits_processor = LogitsProcessor(self.config.vocab_size)
         self.feedback = None
         if self.settings.mode != "standard":
-            passes = self.settings.fused_passes if self.settings.mode == "fused" else 0
+            passes = self.settings.prefill_passes  # fused:exact's prompt goes token by token: no passes over it
             # Named like a layer after the stack: vLLM reads a layer index from every state layer's name.
             self.feedback = FeedbackState(self.config.d_model, vllm_config.model_config.dtype,
                                           0 if passes == EXACT else passes,
