@@ -598,7 +598,7 @@ class FullBandLM(nn.Module):
             position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
         cos, sin = self.rotary(position_ids, x.dtype)
 
-        masks = self._attention_masks(B, T, start, attention_mask, cache, segment_ids)
+        masks = self._attention_masks(B, T, start, self._key_mask(attention_mask, cache, start, T), segment_ids)
         # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
         every = self.checkpoint_every if cache is None and torch.is_grad_enabled() else 0
         for i, block in enumerate(self.layers):
@@ -765,18 +765,10 @@ class FullBandLM(nn.Module):
         if segment_ids is not None and start:
             raise ValueError("segment_ids (packed, isolated documents) start at position 0: the recurrence cannot "
                              f"run them after the {start} positions the cache already holds")
-        device = input_ids.device
-        real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
-        # (B, start + T): which keys are real tokens (None: all of them). A cache keeps the mark for later steps.
-        if isinstance(keys, KVCache):
-            if real is not None:
-                keys.mask_keys(real)
-            real_keys = keys.key_mask_through(start + T)
-        else:
-            real_keys = None if real is None or bool(real.all()) else real
+        real_keys = self._key_mask(attention_mask, keys, start, T)
         if position_ids is None:
             position_ids = (segment_positions(segment_ids) if segment_ids is not None
-                            else torch.arange(start, start + T, device=device).expand(B, T))
+                            else torch.arange(start, start + T, device=input_ids.device).expand(B, T))
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
         cos, sin = self.rotary(position_ids, embedded.dtype)
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
@@ -784,32 +776,14 @@ class FullBandLM(nn.Module):
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
             hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
             return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
-        column = torch.arange(start + T, device=device)
-        itself = torch.ones(B, 1, dtype=torch.bool, device=device)
         tops = []
         for t in range(T):
             x = embedded[:, t : t + 1]
             if state is not None:
                 fused = self.fusion(x, state.to(x.dtype))
                 x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
-            q = start + t  # this step's column
-            masks: dict[int | None, torch.Tensor | None] = {}
-            for window in self._windows:
-                # The keys the store returns: a StepKeys only those inside the window, a cache all of them.
-                first = first_visible(q, window) if isinstance(keys, StepKeys) else 0
-                parts = [] if window is None or q - first < window else [column[first:q] > q - window]
-                if real_keys is not None:
-                    parts.append(real_keys[:, first:q])
-                if segment_ids is not None:  # the keys of the query's own document
-                    parts.append(segment_ids[:, first:q] == segment_ids[:, t : t + 1])
-                if not parts:
-                    masks[window] = None  # the one query sees every key returned (SDPA's unmasked path)
-                    continue
-                allowed = parts[0]
-                for part in parts[1:]:
-                    allowed = allowed & part
-                # A query always sees itself, so a padding row never has every key masked (NaN in SDPA).
-                masks[window] = torch.cat([allowed.expand(B, -1), itself], dim=1)[:, None, None]
+            # The step's one query at column start + t; a StepKeys returns only the keys inside each window.
+            masks = self._attention_masks(B, 1, start + t, real_keys, segment_ids, isinstance(keys, StepKeys))
             for block in self.layers:
                 x = block(x, cos[:, :, t : t + 1], sin[:, :, t : t + 1], masks, keys)
             keys.advance(1)
@@ -818,47 +792,53 @@ class FullBandLM(nn.Module):
         hidden = torch.cat(tops, dim=1)
         return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
 
+    def _key_mask(
+        self, attention_mask: torch.Tensor | None, keys: KVCache | StepKeys | None, start: int, T: int
+    ) -> torch.Tensor | None:
+        """(B, start + T) bool, which keys are real tokens (False: padding), or None when all are. A KV cache records
+        the (B, T) (or (B, start + T)) ``attention_mask`` for later steps. Only a call given an attention mask
+        inspects it (a device sync); decode steps reuse the cache's padding flag."""
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=self.device, dtype=torch.bool)
+            if isinstance(keys, KVCache) and attention_mask.shape[1] == start + T:
+                attention_mask = attention_mask[:, start:]
+        if isinstance(keys, KVCache):
+            if attention_mask is not None:
+                keys.mask_keys(attention_mask)
+            return keys.key_mask_through(start + T)
+        return None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+
     def _attention_masks(
-        self, B, T, start, attention_mask, cache, segment_ids=None
+        self, B: int, T: int, start: int, key_mask: torch.Tensor | None, segment_ids: torch.Tensor | None = None,
+        windowed_keys: bool = False,
     ) -> dict[int | None, torch.Tensor | None]:
-        """Boolean SDPA masks (True = may attend) keyed by window size (None = full attention).
+        """Boolean SDPA masks (True = may attend) of queries at columns start .. start + T - 1, keyed by window size
+        (None = full attention): the rule of every forward and every recurrence step. A query sees the keys at or
+        before it, inside its window, of its own document (``segment_ids`` (B, start + T)) and real (``key_mask``,
+        (B, start + T)); always itself, so a padding row never has every key masked (NaN in SDPA). The keys are all
+        columns from 0, or with ``windowed_keys`` (one query, a ``StepKeys``) only those inside each window.
 
         A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
         """
-        device = self.device
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            if cache is not None and attention_mask.shape[1] == start + T:
-                attention_mask = attention_mask[:, start:]
-        n_keys = start + T
-        # Only a forward that is given an attention mask inspects it (a device sync); decode steps
-        # reuse the cache's padding flag.
-        if cache is not None:
-            if attention_mask is not None:
-                cache.mask_keys(attention_mask)
-            key_mask = cache.key_mask_through(n_keys)
-        elif attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask
-        else:
-            key_mask = None
+        device, end = self.device, start + T
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in self._windows:
-            need_window = window is not None and n_keys > window
-            if key_mask is None and segment_ids is None and not need_window and (start == 0 or T == 1):
+            first = first_visible(start, window) if windowed_keys else 0  # the first key column attention reads
+            need_window = window is not None and end - first > window
+            if key_mask is None and segment_ids is None and not need_window and (start == first or T == 1):
                 masks[window] = None  # causal (T > 1, no cache offset) or a single query seeing all keys
                 continue
-            q_pos = torch.arange(start, start + T, device=device).unsqueeze(1)
-            k_pos = torch.arange(n_keys, device=device).unsqueeze(0)
+            q_pos = torch.arange(start, end, device=device).unsqueeze(1)
+            k_pos = torch.arange(first, end, device=device).unsqueeze(0)
             allowed = k_pos <= q_pos
             if need_window:
                 allowed = allowed & (k_pos > q_pos - window)
-            allowed = allowed.expand(B, T, n_keys)
-            if segment_ids is not None:  # no cache here, so keys and queries are the same T positions
+            allowed = allowed.expand(B, T, end - first)
+            if segment_ids is not None:
                 segments = segment_ids.to(device)
-                allowed = allowed & (segments.unsqueeze(2) == segments.unsqueeze(1))
+                allowed = allowed & (segments[:, start:end, None] == segments[:, None, first:end])
             if key_mask is not None:
-                # A query always sees itself, so a padding row never has all keys masked (NaN in SDPA).
-                allowed = (allowed & key_mask.unsqueeze(1)) | (k_pos == q_pos)
+                allowed = (allowed & key_mask[:, None, first:end]) | (k_pos == q_pos)
             masks[window] = allowed.unsqueeze(1)
         return masks
 
