@@ -365,7 +365,7 @@ def is_compile_failure(error: Exception) -> bool:
 def windowed_token_steps(
     model: FullBandLM,
     embedded: torch.Tensor,
-    fuse: torch.Tensor,
+    plain: torch.Tensor,
     state: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -375,7 +375,7 @@ def windowed_token_steps(
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
     function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
-    ``embedded`` (B, C, D); ``fuse`` (B, C) whether a position is fused with the state before it (``state``
+    ``embedded`` (B, C, D); ``plain`` (B, C) the positions not fused with the state before them (``state``
     (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
     document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
     up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
@@ -385,7 +385,7 @@ def windowed_token_steps(
     for c in range(C):
         x = embedded[:, c : c + 1]
         if state is not None:
-            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, state.to(x.dtype)), x)
+            x = torch.where(plain[:, c : c + 1, None], x, model.fusion(x, state.to(x.dtype)))
         segment = segments[:, c : c + 1]
         after = []
         for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
@@ -514,7 +514,7 @@ class FullBandLM(nn.Module):
         self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True)
         self.compiled_chunk = chunk
 
-    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments) -> torch.Tensor:
+    def _chunked_recurrence(self, embedded, plain, state, cos, sin, segments) -> torch.Tensor:
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
         B, T, _ = embedded.shape
         layers = [block.attn for block in self.layers]
@@ -528,7 +528,7 @@ class FullBandLM(nn.Module):
         tops = []
         for start in range(0, T, self.compiled_chunk):
             chunk = slice(start, start + self.compiled_chunk)
-            args = (self, embedded[:, chunk], fuse[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
+            args = (self, embedded[:, chunk], plain[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
                     segments[:, chunk], pasts, weights)
             try:
                 top, pasts = self.compiled_steps(*args)
@@ -671,20 +671,20 @@ class FullBandLM(nn.Module):
                       use_cache=use_cache, logits_to_keep=logits_to_keep)
         start = past_key_values.length if past_key_values is not None else 0
         out = self(input_ids, **kwargs)
-        n_passes = fused_max_passes if adaptive else fused_passes
-        if n_passes == 0:
+        most_passes = fused_max_passes if adaptive else fused_passes
+        if most_passes == 0:
             out.fused_passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
             return out
         real = None if attention_mask is None else attention_mask.to(torch.bool)
         plain = prompt_plain(input_ids, real, position_ids)
-        passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
+        passes_run = torch.zeros(B, dtype=torch.long, device=input_ids.device)  # each row's fused passes
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         feedback = shift_right(out.hidden)
-        for _ in range(n_passes):
+        for _ in range(most_passes):
             if past_key_values is not None:
                 past_key_values.truncate(start)  # the next pass overwrites this pass's keys and values
             new = self(input_ids, feedback=feedback, plain_mask=plain, **kwargs)
-            passes += ~done
+            passes_run += ~done
             if adaptive:
                 done |= max_relative_change(new.hidden, out.hidden, real) <= fused_tol
                 # A finished row keeps the feedback that produced its result: rerunning it reproduces
@@ -695,7 +695,7 @@ class FullBandLM(nn.Module):
             out = new
             if adaptive and bool(done.all()):  # one device sync per pass, only in adaptive mode
                 break
-        out.fused_passes = passes
+        out.fused_passes = passes_run
         if adaptive:
             out.converged = done
         return out
@@ -772,9 +772,9 @@ class FullBandLM(nn.Module):
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
         cos, sin = self.rotary(position_ids, embedded.dtype)
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
-            fuse = torch.ones_like(input_ids, dtype=torch.bool) if plain_mask is None else ~plain_mask
+            plain = torch.zeros_like(input_ids, dtype=torch.bool) if plain_mask is None else plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
-            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
+            hidden = self._chunked_recurrence(embedded, plain, state, cos, sin, segments)
             return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
         tops = []
         for t in range(T):
@@ -887,30 +887,21 @@ class FullBandLM(nn.Module):
         plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids,
                                 prefix_mixin if passes > 1 else 0.0, generator)
         forward = dict(attention_mask=attention_mask, position_ids=position_ids, segment_ids=segment_ids)
-        return self._passes(input_ids, passes, plain, jitter, detach, generator, grad_passes, forward)
 
-    def _passes(
-        self,
-        input_ids: torch.Tensor,
-        passes: int,
-        plain: torch.Tensor,
-        jitter: float,
-        detach: bool,
-        generator: torch.Generator | Sequence[torch.Generator] | None,
-        grad_passes: int | None,
-        forward: dict[str, torch.Tensor | None],
-    ) -> Iterator[ModelOutput]:
-        feedback = None
-        for k in range(passes):
-            with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
-            with torch.set_grad_enabled(with_grad):
-                step = self(input_ids, feedback=feedback, plain_mask=plain if k > 0 else None, **forward)
-            yield step
-            if k + 1 < passes:
-                feedback = shift_right(step.hidden.detach() if detach else step.hidden)
-                if jitter > 0:
-                    noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
-                    feedback = feedback + (2 * noise - 1) * jitter
+        def run() -> Iterator[ModelOutput]:  # a generator of its own, so that the checks above run at the call
+            feedback = None
+            for k in range(passes):
+                with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
+                with torch.set_grad_enabled(with_grad):
+                    step = self(input_ids, feedback=feedback, plain_mask=plain if k > 0 else None, **forward)
+                yield step
+                if k + 1 < passes:
+                    feedback = shift_right(step.hidden.detach() if detach else step.hidden)
+                    if jitter > 0:
+                        noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
+                        feedback = feedback + (2 * noise - 1) * jitter
+
+        return run()
 
     def multipass(self, input_ids: torch.Tensor, passes: int, **recurrence: Any) -> MultipassOutput:
         """Every pass's logits and top states of ``iterate_passes`` (the same keyword arguments: plain_mask,
