@@ -374,7 +374,11 @@ def windowed_token_steps(
     weights: list[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
-    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
+    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``). A second
+    form of the blocks' step for speed only: the joined projections and the softmax written out fuse into the
+    graph, where the blocks' three projections and SDPA are separate kernel calls per step and layer, and the keys
+    carry their documents instead of positions, so every chunk after the first has the same shapes and no graph
+    recompiles. tests/test_compiled_recurrence.py holds it to the uncompiled steps at 1e-10 in float64.
     ``embedded`` (B, C, D); ``plain`` (B, C) the positions not fused with the state before them (``state``
     (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
     document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
@@ -396,8 +400,6 @@ def windowed_token_steps(
             k = torch.cat([past_k, k * cos[:, :, c : c + 1] + rotate_half(k) * sin[:, :, c : c + 1]], dim=2)
             v = torch.cat([past_v, v], dim=2)
             key_segments = torch.cat([past_segments, segment], dim=1)
-            # Softmax attention written out: for one query and a few keys it fuses into the graph, where SDPA is
-            # one more kernel call (forward and backward) per step and layer.
             scores = (q * attn.head_dim**-0.5) @ k.transpose(-1, -2)
             scores = scores.masked_fill((key_segments != segment)[:, None, None, :], float("-inf"))
             y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, 1, attn.n_heads * attn.head_dim)
