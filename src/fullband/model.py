@@ -591,14 +591,8 @@ class FullBandLM(nn.Module):
 
         x = self.embed(input_ids)
         if feedback is not None:
-            fused = self.fusion(x, feedback.to(x.dtype))
-            x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
-
-        if position_ids is None and segment_ids is not None:
-            position_ids = segment_positions(segment_ids)
-        if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
-        cos, sin = self.rotary(position_ids, x.dtype)
+            x = self._fuse(x, feedback, plain_mask)
+        cos, sin = self.rotary(position_ids, x.dtype, segment_ids, start, T)
 
         masks = self._attention_masks(B, T, start, self._key_mask(attention_mask, cache, start, T), segment_ids)
         # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
@@ -623,8 +617,21 @@ class FullBandLM(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, weight)
 
-    def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions; angles in float32."""
+    def _fuse(self, x: torch.Tensor, feedback: torch.Tensor, plain_mask: torch.Tensor | None) -> torch.Tensor:
+        """Embeddings ``x`` fused with ``feedback``, the states before them, but where ``plain_mask`` is True."""
+        fused = self.fusion(x, feedback.to(x.dtype))
+        return fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
+
+    def rotary(
+        self, position_ids: torch.Tensor | None, dtype: torch.dtype, segment_ids: torch.Tensor | None, start: int,
+        T: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions, angles in float32. Default positions:
+        each document's own from 0 (``segment_ids``), else ``start`` + arange(T)."""
+        if position_ids is None and segment_ids is not None:
+            position_ids = segment_positions(segment_ids)
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=self.device).unsqueeze(0)
         angles = position_ids.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -768,11 +775,8 @@ class FullBandLM(nn.Module):
             raise ValueError("segment_ids (packed, isolated documents) start at position 0: the recurrence cannot "
                              f"run them after the {start} positions the cache already holds")
         real_keys = self._key_mask(attention_mask, keys, start, T)
-        if position_ids is None:
-            position_ids = (segment_positions(segment_ids) if segment_ids is not None
-                            else torch.arange(start, start + T, device=input_ids.device).expand(B, T))
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
-        cos, sin = self.rotary(position_ids, embedded.dtype)
+        cos, sin = self.rotary(position_ids, embedded.dtype, segment_ids, start, T)
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
             plain = torch.zeros_like(input_ids, dtype=torch.bool) if plain_mask is None else plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
@@ -782,8 +786,7 @@ class FullBandLM(nn.Module):
         for t in range(T):
             x = embedded[:, t : t + 1]
             if state is not None:
-                fused = self.fusion(x, state.to(x.dtype))
-                x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
+                x = self._fuse(x, state, None if plain_mask is None else plain_mask[:, t : t + 1])
             # The step's one query at column start + t; a StepKeys returns only the keys inside each window.
             masks = self._attention_masks(B, 1, start + t, real_keys, segment_ids, isinstance(keys, StepKeys))
             for block in self.layers:
