@@ -22,8 +22,8 @@ from fullband.baselines import MODELS as BASELINES
 from fullband.baselines import BaselineConfig, RecurrentCache, RecurrentLM
 from fullband.errors import FullbandError
 from fullband.kv_cache import KVCache
-from fullband.model import FullBandConfig, FullBandLM
-from fullband.storage import CONFIG_NAME, load_model
+from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, FullBandConfig, FullBandLM
+from fullband.storage import dcp_dir_of, read_model_weights
 
 FBT = "fbt"
 LanguageModel = FullBandLM | RecurrentLM
@@ -86,14 +86,31 @@ def stored_arch(directory: str | os.PathLike) -> str:
 def load_pretrained(
     directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
 ) -> LanguageModel:
-    """``save_pretrained``'s directory, or a DCP checkpoint's ``model/``, back as the class its config records
-    (``fullband.storage.load_model``)."""
-    return load_model(directory, _class_and_config, device, dtype)
-
-
-def _class_and_config(data: Any, source: str) -> tuple[type[LanguageModel], ModelConfig]:
-    config = config_from_dict(data, source)
-    return CLASSES[arch_of(config)], config
+    """``save_pretrained``'s directory, or a DCP checkpoint's ``model/`` (its shards consolidated in this process),
+    back as the class its config records. config.json is read once, the weights' headers are checked against their
+    sizes before they are read, and the model is built on the meta device around the weights (no random
+    initialisation to overwrite)."""
+    directory = Path(directory)
+    config_file = directory / CONFIG_NAME
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
+                                "(expected config.json and model.safetensors written by save_pretrained)")
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config_file} is unreadable: {exc}") from None
+    config = config_from_dict(data, str(config_file))
+    if dcp_dir_of(directory) is None and not (directory / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
+    model = CLASSES[arch_of(config)].from_weights(config, read_model_weights(directory), device, dtype,
+                                                  source=str(directory))
+    defaults = directory / DECODE_DEFAULTS_NAME
+    if defaults.is_file():
+        try:
+            model.decode_defaults = json.loads(defaults.read_text())
+        except ValueError as exc:
+            raise ValueError(f"{defaults} is unreadable: {exc}") from None
+    return model
 
 
 def refuse_arch(model: LanguageModel, door: str) -> None:

@@ -27,9 +27,9 @@ from typing import Any, Literal, Protocol
 # absent, and transformers' remote-code loader skips imports inside try blocks.
 try:
     from fullband.errors import ConfigError as _ErrorBase
-    from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+    from fullband.model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
 except ImportError:  # pragma: no cover - only in an export
-    from .fullband_model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+    from .fullband_model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
 
     _ErrorBase = ValueError
 
@@ -37,8 +37,6 @@ MODES = ("standard", "soft", "fused")
 AUTO = "auto"
 EXACT = "exact"
 FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
-# The file of a model directory that holds its decode defaults (as Hugging Face names generation defaults).
-DECODE_DEFAULTS_NAME = "generation_config.json"
 
 
 class TrainingSchedule(Protocol):

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from fullband.architectures import LanguageModel, config_from_dict, load_pretrained
 from fullband.data import PreparedDataset, Tokenizer, load_tokenizer, open_dataset
-from fullband.decoding import DECODE_DEFAULTS_NAME, DecodeSettings
+from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.model import DEFAULT_FUSED_MAX_PASSES, FullBandLM
+from fullband.model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import RunDir, find_tokenizer_dir, read_safetensors, resolve_model_dir
 

@@ -34,10 +34,14 @@ FUSION_INITS = ("random", "identity")
 # The state fed back is the top hidden state after the final RMSNorm, the one the head reads.
 FEEDBACK_SOURCES = ("final_norm",)
 ROPE_TYPES = ("default", "linear", "llama3")
+CONFIG_NAME = "config.json"
 # Adaptive fused prefill (prefill(fused_passes="auto")): stop when no real prompt position's top state
 # moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
 DEFAULT_FUSED_TOL = 1e-3
 DEFAULT_FUSED_MAX_PASSES = 8
+# The decode defaults stored beside the weights (fullband.decoding.DecodeSettings reads and checks them).
+DECODE_DEFAULTS_NAME = "generation_config.json"
+WEIGHTS_NAME = "model.safetensors"
 
 
 @dataclass
@@ -918,21 +922,44 @@ class FullBandLM(nn.Module):
             out.hidden.append(step.hidden)
         return out
 
-    # ---- storage: config JSON + safetensors, never pickle (the format is fullband.storage's) ----------------
+    # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """config.json, model.safetensors and the decode defaults (``fullband.storage.save_model``)."""
-        _storage().save_model(self, directory)
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_weights(self.state_dict(), directory)
+        self.config.save(directory / CONFIG_NAME)
+        if self.decode_defaults:
+            (directory / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.decode_defaults, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(
         cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
     ) -> FullBandLM:
-        """The transformer ``save_pretrained`` wrote to ``directory``; another model kind's directory is refused. The
-        command line and the other doors load through ``fullband.architectures.load_pretrained``, which loads every
-        kind and also reads run directories and checkpoints."""
-        return _storage().load_model(directory, lambda data, source: (cls, FullBandConfig.from_dict(data)), device,
-                                     dtype)
+        """The model of ``directory`` (config.json + model.safetensors written by ``save_pretrained``). The command
+        line and the other doors load through ``fullband.architectures.load_pretrained``, which also reads run
+        directories, checkpoints and DCP shards."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (directory / name).is_file():
+                raise FileNotFoundError(
+                    f"{directory} is not a fullband model directory: {name} is missing "
+                    "(expected config.json and model.safetensors written by save_pretrained)"
+                )
+        try:
+            state = load_file(str(directory / WEIGHTS_NAME))
+        except Exception as exc:  # safetensors raises its own error types for truncated files
+            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
+        model = cls.from_weights(FullBandConfig.load(directory / CONFIG_NAME), state, device, dtype,
+                                 source=str(directory / WEIGHTS_NAME))
+        if (directory / DECODE_DEFAULTS_NAME).is_file():
+            try:
+                model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())
+            except ValueError as exc:
+                raise ValueError(f"{directory / DECODE_DEFAULTS_NAME} is unreadable: {exc}") from exc
+        return model
 
     @classmethod
     def from_weights(
@@ -950,18 +977,6 @@ class FullBandLM(nn.Module):
         if unexpected or missing:
             raise ValueError(f"{source} does not match its config: missing {missing}, unexpected {unexpected}")
         return model.to(device=device or "cpu")
-
-
-def _storage():
-    """``fullband.storage``, which reads and writes model directories: imported when a model is saved or loaded, in a
-    try block that transformers' remote-code check skips, because the Hugging Face export ships this file without
-    the package (an exported model saves and loads through transformers)."""
-    try:
-        import fullband.storage as storage
-    except ImportError as exc:
-        raise ImportError("save_pretrained and from_pretrained need the fullband package; save and load an exported "
-                          "model with transformers") from exc
-    return storage
 
 
 def uniform(
@@ -1039,3 +1054,32 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
+
+
+def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:
+    """``state`` as DIRECTORY/model.safetensors, whole or not at all: written beside it, then renamed into place."""
+    from safetensors.torch import save_file
+
+    tmp = directory / (WEIGHTS_NAME + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp),
+              metadata={"format": "pt", "library": "fullband"})
+    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
+    os.replace(tmp, directory / WEIGHTS_NAME)
+
+
+def ordinary_file_mode() -> int:
+    """The mode a newly created ordinary file gets under this process's umask: 0o666 & ~umask.
+
+    safetensors writes weights through a private temporary file (mode 0600) that it renames into place,
+    so weight files are chmod-ed to this, or colleagues in the same group could not read a model.
+    """
+    try:  # Linux reports the umask without changing it; os.umask can only read it by setting it
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except OSError:
+        pass
+    umask = os.umask(0o077)  # briefly a strict umask, so a file another thread creates meanwhile stays private
+    os.umask(umask)
+    return 0o666 & ~umask

@@ -1,7 +1,6 @@
-"""Model directories and training checkpoints on disk: their format, and finding, verifying, reading and writing
-them. Everything that loads a model (``fullband generate``/``chat``/``serve``/``bench``, the Hugging Face export,
-lm-eval, ``from_pretrained``) goes through here, and so does every model directory written (``save_pretrained``,
-the trainer's checkpoints, which ``fullband.train.checkpoint`` lays out), so this module sits below them all.
+"""Model directories and training checkpoints on disk: finding, verifying and reading them. Everything that
+loads a model (``fullband generate``/``chat``/``serve``/``bench``, the Hugging Face export, lm-eval) goes
+through here; only the trainer writes (``fullband.train.checkpoint``), so this module sits below both.
 
 Layout of ``RUN/checkpoints/step_00000100/``::
 
@@ -34,7 +33,7 @@ import os
 import shutil
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,16 +41,14 @@ from typing import Any, ClassVar
 import torch
 import yaml
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from fullband.decoding import DECODE_DEFAULTS_NAME
 from fullband.errors import CheckpointError
+from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, write_weights
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 MANIFEST = "manifest.json"
 PREFIX = "step_"
 BEST = "best"
@@ -182,7 +179,7 @@ def resolve_model_dir(path: str | os.PathLike, hashes: bool = False) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist")
-    if (path / CONFIG_NAME).is_file() and ((path / WEIGHTS_NAME).is_file() or dcp_dir_of(path)):
+    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or dcp_dir_of(path)):
         return path
     if (path / "model" / "config.json").is_file():
         verify_checkpoint(path, hashes)
@@ -224,74 +221,6 @@ def verify(path: str | os.PathLike) -> list[Path]:
     return good
 
 
-def save_model(model: Any, directory: str | os.PathLike) -> None:
-    """``model.save_pretrained``: config.json, model.safetensors and, when it has them, its decode defaults."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_weights(model.state_dict(), directory)
-    model.config.save(directory / CONFIG_NAME)
-    if model.decode_defaults:
-        (directory / DECODE_DEFAULTS_NAME).write_text(json.dumps(model.decode_defaults, indent=2) + "\n")
-
-
-def load_model(
-    directory: str | os.PathLike, kind_of: Callable[[Any, str], tuple[type, Any]],
-    device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-) -> Any:
-    """``save_model``'s directory, or a DCP checkpoint's ``model/`` (its shards consolidated in this process), back as
-    a model. ``kind_of(config.json's contents, its path)`` gives the model's class and config, or refuses a kind
-    the caller cannot load. config.json is read once, the weights' headers are checked against their sizes before
-    they are read, and the model is built on the meta device around the weights (``from_weights``: no random
-    initialisation to overwrite)."""
-    directory = Path(directory)
-    config_file = directory / CONFIG_NAME
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
-                                "(expected config.json and model.safetensors written by save_pretrained)")
-    try:
-        data = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{config_file} is unreadable: {exc}") from None
-    model_class, config = kind_of(data, str(config_file))
-    if dcp_dir_of(directory) is None and not (directory / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
-    model = model_class.from_weights(config, read_model_weights(directory), device, dtype, source=str(directory))
-    defaults = directory / DECODE_DEFAULTS_NAME
-    if defaults.is_file():
-        try:
-            model.decode_defaults = json.loads(defaults.read_text())
-        except ValueError as exc:
-            raise ValueError(f"{defaults} is unreadable: {exc}") from None
-    return model
-
-
-def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:
-    """``state`` as DIRECTORY/model.safetensors, whole or not at all: written beside it, then renamed into place."""
-    tmp = directory / (WEIGHTS_NAME + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp),
-              metadata={"format": "pt", "library": "fullband"})
-    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
-    os.replace(tmp, directory / WEIGHTS_NAME)
-
-
-def ordinary_file_mode() -> int:
-    """The mode a newly created ordinary file gets under this process's umask: 0o666 & ~umask.
-
-    safetensors writes weights through a private temporary file (mode 0600) that it renames into place,
-    so weight files are chmod-ed to this, or colleagues in the same group could not read a model.
-    """
-    try:  # Linux reports the umask without changing it; os.umask can only read it by setting it
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except OSError:
-        pass
-    umask = os.umask(0o077)  # briefly a strict umask, so a file another thread creates meanwhile stays private
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file. safetensors checks the header against the file's size before it reads a
     tensor; a truncated or damaged file is refused with its name and safetensors' reason."""
@@ -319,7 +248,7 @@ def dcp_dir_of(model_dir: Path) -> Path | None:
     """The shards holding the weights of a DCP checkpoint's ``model/`` directory (``../dcp``), else None."""
     model_dir = Path(model_dir)
     shards = model_dir.parent / DCP_DIR
-    if model_dir.name == MODEL_KEY and not (model_dir / WEIGHTS_NAME).is_file() and (shards / ".metadata").is_file():
+    if model_dir.name == "model" and not (model_dir / WEIGHTS_NAME).is_file() and (shards / ".metadata").is_file():
         return shards
     return None
 

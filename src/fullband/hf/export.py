@@ -13,7 +13,8 @@ from fullband.errors import CheckpointError
 from fullband.hf.convert import GENERATION_CONFIG, TOKENIZER_FILES
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.loading import fill_decode_defaults
-from fullband.storage import ordinary_file_mode, resolve_model_dir
+from fullband.model import ordinary_file_mode
+from fullband.storage import resolve_model_dir
 
 _HERE = Path(__file__).resolve().parent
 MODEL_SOURCE = _HERE.parent / "model.py"

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
+from fullband.model import write_weights
 from fullband.storage import (
     BEST,
     DCP_DIR,
@@ -43,7 +44,6 @@ from fullband.storage import (
     read_model_weights,
     sha256_of,
     single_process_dcp,
-    write_weights,
 )
 
 
