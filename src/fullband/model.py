@@ -631,7 +631,7 @@ class FullBandLM(nn.Module):
         T: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions, angles in float32. Default positions:
-        each document's own from 0 (``segment_ids``), else ``start`` + arange(T)."""
+        each document's own from 0 (``segment_ids``), else ``start`` + arange(T) for every row (a batch of 1)."""
         if position_ids is None and segment_ids is not None:
             position_ids = segment_positions(segment_ids)
         if position_ids is None:
