@@ -942,23 +942,16 @@ class FullBandLM(nn.Module):
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(
-                    f"{directory} is not a fullband model directory: {name} is missing "
-                    "(expected config.json and model.safetensors written by save_pretrained)"
-                )
+        config = FullBandConfig.from_dict(read_config_file(directory))
+        weights = directory / WEIGHTS_NAME
+        if not weights.is_file():
+            raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
         try:
-            state = load_file(str(directory / WEIGHTS_NAME))
+            state = load_file(str(weights))
         except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
-        model = cls.from_weights(FullBandConfig.load(directory / CONFIG_NAME), state, device, dtype,
-                                 source=str(directory / WEIGHTS_NAME))
-        if (directory / DECODE_DEFAULTS_NAME).is_file():
-            try:
-                model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())
-            except ValueError as exc:
-                raise ValueError(f"{directory / DECODE_DEFAULTS_NAME} is unreadable: {exc}") from exc
+            raise ValueError(f"{weights} is unreadable or truncated: {exc}") from exc
+        model = cls.from_weights(config, state, device, dtype, source=str(weights))
+        model.decode_defaults = read_decode_defaults(directory)
         return model
 
     @classmethod
@@ -1054,6 +1047,29 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
+
+
+def read_config_file(directory: Path) -> Any:
+    """The contents of a model directory's config.json (FileNotFoundError or ValueError naming what is wrong)."""
+    config_file = directory / CONFIG_NAME
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
+                                "(expected config.json and model.safetensors written by save_pretrained)")
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config_file} is unreadable: {exc}") from None
+
+
+def read_decode_defaults(directory: Path) -> dict[str, Any]:
+    """The decode defaults stored beside a model's weights ({} where there are none)."""
+    path = directory / DECODE_DEFAULTS_NAME
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is unreadable: {exc}") from None
 
 
 def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:
