@@ -22,7 +22,7 @@ from fullband.baselines import MODELS as BASELINES
 from fullband.baselines import BaselineConfig, RecurrentCache, RecurrentLM
 from fullband.errors import FullbandError
 from fullband.kv_cache import KVCache
-from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, FullBandConfig, FullBandLM
+from fullband.model import CONFIG_NAME, WEIGHTS_NAME, FullBandConfig, FullBandLM, read_config_file, read_decode_defaults
 from fullband.storage import dcp_dir_of, read_model_weights
 
 FBT = "fbt"
@@ -91,25 +91,12 @@ def load_pretrained(
     sizes before they are read, and the model is built on the meta device around the weights (no random
     initialisation to overwrite)."""
     directory = Path(directory)
-    config_file = directory / CONFIG_NAME
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
-                                "(expected config.json and model.safetensors written by save_pretrained)")
-    try:
-        data = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{config_file} is unreadable: {exc}") from None
-    config = config_from_dict(data, str(config_file))
+    config = config_from_dict(read_config_file(directory), str(directory / CONFIG_NAME))
     if dcp_dir_of(directory) is None and not (directory / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
     model = CLASSES[arch_of(config)].from_weights(config, read_model_weights(directory), device, dtype,
                                                   source=str(directory))
-    defaults = directory / DECODE_DEFAULTS_NAME
-    if defaults.is_file():
-        try:
-            model.decode_defaults = json.loads(defaults.read_text())
-        except ValueError as exc:
-            raise ValueError(f"{defaults} is unreadable: {exc}") from None
+    model.decode_defaults = read_decode_defaults(directory)
     return model
 
 

@@ -67,7 +67,7 @@ class DecodeSettings:
         # Values arrive as text from command lines, URLs (lm-eval's model_args) and YAML: read them here, once.
         object.__setattr__(self, "fused_passes", _passes(self.fused_passes))
         object.__setattr__(self, "fused_tol", _tol(self.fused_tol))
-        object.__setattr__(self, "fused_max_passes", _cap(self.fused_max_passes))
+        object.__setattr__(self, "fused_max_passes", _positive(self.fused_max_passes, "fused_max_passes"))
         if self.mode not in MODES:
             raise DecodeSettingsError(f"unknown decode_mode {self.mode!r}; choose one of {', '.join(MODES)}")
 
@@ -170,18 +170,14 @@ class DecodeSettings:
 
 
 def _passes(value: Any) -> int | Literal["auto", "exact"]:
-    if value in (AUTO, EXACT):
-        return value
-    number = _integer(value)
-    if number is None or number < 1:
-        raise DecodeSettingsError(f"fused_passes must be an integer >= 1, 'auto' or 'exact', got {value!r}")
-    return number
+    return value if value in (AUTO, EXACT) else _positive(value, "fused_passes", ", 'auto' or 'exact'")
 
 
-def _cap(value: Any) -> int:
-    number = _integer(value)
-    if number is None or number < 1:
-        raise DecodeSettingsError(f"fused_max_passes must be an integer >= 1, got {value!r}")
+def _positive(value: Any, name: str, alternatives: str = "") -> int:
+    """An int >= 1 from an int or its decimal text (not a bool, a float or other text)."""
+    number = int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else value
+    if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+        raise DecodeSettingsError(f"{name} must be an integer >= 1{alternatives}, got {value!r}")
     return number
 
 
@@ -193,14 +189,3 @@ def _tol(value: Any) -> float:
     if not (math.isfinite(number) and number >= 0):
         raise DecodeSettingsError(f"fused_tol must be a number >= 0, got {value!r}")
     return number
-
-
-def _integer(value: Any) -> int | None:
-    """An int from an int or its decimal text; None for anything else (bools, floats, other text)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return None

@@ -369,7 +369,7 @@ def is_compile_failure(error: Exception) -> bool:
 def windowed_token_steps(
     model: FullBandLM,
     embedded: torch.Tensor,
-    fuse: torch.Tensor,
+    plain: torch.Tensor,
     state: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -378,8 +378,12 @@ def windowed_token_steps(
     weights: list[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
-    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``).
-    ``embedded`` (B, C, D); ``fuse`` (B, C) whether a position is fused with the state before it (``state``
+    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``). A second
+    form of the blocks' step for speed only: the joined projections and the softmax written out fuse into the
+    graph, where the blocks' three projections and SDPA are separate kernel calls per step and layer, and the keys
+    carry their documents instead of positions, so every chunk after the first has the same shapes and no graph
+    recompiles. tests/test_compiled_recurrence.py holds it to the uncompiled steps at 1e-10 in float64.
+    ``embedded`` (B, C, D); ``plain`` (B, C) the positions not fused with the state before them (``state``
     (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
     document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
     up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
@@ -389,7 +393,7 @@ def windowed_token_steps(
     for c in range(C):
         x = embedded[:, c : c + 1]
         if state is not None:
-            x = torch.where(fuse[:, c : c + 1, None], model.fusion(x, state.to(x.dtype)), x)
+            x = torch.where(plain[:, c : c + 1, None], x, model.fusion(x, state.to(x.dtype)))
         segment = segments[:, c : c + 1]
         after = []
         for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
@@ -400,8 +404,6 @@ def windowed_token_steps(
             k = torch.cat([past_k, k * cos[:, :, c : c + 1] + rotate_half(k) * sin[:, :, c : c + 1]], dim=2)
             v = torch.cat([past_v, v], dim=2)
             key_segments = torch.cat([past_segments, segment], dim=1)
-            # Softmax attention written out: for one query and a few keys it fuses into the graph, where SDPA is
-            # one more kernel call (forward and backward) per step and layer.
             scores = (q * attn.head_dim**-0.5) @ k.transpose(-1, -2)
             scores = scores.masked_fill((key_segments != segment)[:, None, None, :], float("-inf"))
             y = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, 1, attn.n_heads * attn.head_dim)
@@ -518,7 +520,7 @@ class FullBandLM(nn.Module):
         self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True)
         self.compiled_chunk = chunk
 
-    def _chunked_recurrence(self, embedded, fuse, state, cos, sin, segments) -> torch.Tensor:
+    def _chunked_recurrence(self, embedded, plain, state, cos, sin, segments) -> torch.Tensor:
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
         B, T, _ = embedded.shape
         layers = [block.attn for block in self.layers]
@@ -532,7 +534,7 @@ class FullBandLM(nn.Module):
         tops = []
         for start in range(0, T, self.compiled_chunk):
             chunk = slice(start, start + self.compiled_chunk)
-            args = (self, embedded[:, chunk], fuse[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
+            args = (self, embedded[:, chunk], plain[:, chunk], state, cos[:, :, chunk], sin[:, :, chunk],
                     segments[:, chunk], pasts, weights)
             try:
                 top, pasts = self.compiled_steps(*args)
@@ -593,16 +595,10 @@ class FullBandLM(nn.Module):
 
         x = self.embed(input_ids)
         if feedback is not None:
-            fused = self.fusion(x, feedback.to(x.dtype))
-            x = fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
+            x = self._fuse(x, feedback, plain_mask)
+        cos, sin = self.rotary(position_ids, x.dtype, segment_ids, start, T)
 
-        if position_ids is None and segment_ids is not None:
-            position_ids = segment_positions(segment_ids)
-        if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=x.device).expand(B, T)
-        cos, sin = self.rotary(position_ids, x.dtype)
-
-        masks = self._attention_masks(B, T, start, attention_mask, cache, segment_ids)
+        masks = self._attention_masks(B, T, start, self._key_mask(attention_mask, cache, start, T), segment_ids)
         # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
         every = self.checkpoint_every if cache is None and torch.is_grad_enabled() else 0
         for i, block in enumerate(self.layers):
@@ -625,8 +621,21 @@ class FullBandLM(nn.Module):
         weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, weight)
 
-    def rotary(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions; angles in float32."""
+    def _fuse(self, x: torch.Tensor, feedback: torch.Tensor, plain_mask: torch.Tensor | None) -> torch.Tensor:
+        """Embeddings ``x`` fused with ``feedback``, the states before them, but where ``plain_mask`` is True."""
+        fused = self.fusion(x, feedback.to(x.dtype))
+        return fused if plain_mask is None else torch.where(plain_mask.unsqueeze(-1), x, fused)
+
+    def rotary(
+        self, position_ids: torch.Tensor | None, dtype: torch.dtype, segment_ids: torch.Tensor | None, start: int,
+        T: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions, angles in float32. Default positions:
+        each document's own from 0 (``segment_ids``), else ``start`` + arange(T) for every row (a batch of 1)."""
+        if position_ids is None and segment_ids is not None:
+            position_ids = segment_positions(segment_ids)
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=self.device).unsqueeze(0)
         angles = position_ids.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -675,20 +684,20 @@ class FullBandLM(nn.Module):
                       use_cache=use_cache, logits_to_keep=logits_to_keep)
         start = past_key_values.length if past_key_values is not None else 0
         out = self(input_ids, **kwargs)
-        n_passes = fused_max_passes if adaptive else fused_passes
-        if n_passes == 0:
+        most_passes = fused_max_passes if adaptive else fused_passes
+        if most_passes == 0:
             out.fused_passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
             return out
         real = None if attention_mask is None else attention_mask.to(torch.bool)
         plain = prompt_plain(input_ids, real, position_ids)
-        passes = torch.zeros(B, dtype=torch.long, device=input_ids.device)
+        passes_run = torch.zeros(B, dtype=torch.long, device=input_ids.device)  # each row's fused passes
         done = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         feedback = shift_right(out.hidden)
-        for _ in range(n_passes):
+        for _ in range(most_passes):
             if past_key_values is not None:
                 past_key_values.truncate(start)  # the next pass overwrites this pass's keys and values
             new = self(input_ids, feedback=feedback, plain_mask=plain, **kwargs)
-            passes += ~done
+            passes_run += ~done
             if adaptive:
                 done |= max_relative_change(new.hidden, out.hidden, real) <= fused_tol
                 # A finished row keeps the feedback that produced its result: rerunning it reproduces
@@ -699,7 +708,7 @@ class FullBandLM(nn.Module):
             out = new
             if adaptive and bool(done.all()):  # one device sync per pass, only in adaptive mode
                 break
-        out.fused_passes = passes
+        out.fused_passes = passes_run
         if adaptive:
             out.converged = done
         return out
@@ -769,51 +778,21 @@ class FullBandLM(nn.Module):
         if segment_ids is not None and start:
             raise ValueError("segment_ids (packed, isolated documents) start at position 0: the recurrence cannot "
                              f"run them after the {start} positions the cache already holds")
-        device = input_ids.device
-        real = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
-        # (B, start + T): which keys are real tokens (None: all of them). A cache keeps the mark for later steps.
-        if isinstance(keys, KVCache):
-            if real is not None:
-                keys.mask_keys(real)
-            real_keys = keys.key_mask_through(start + T)
-        else:
-            real_keys = None if real is None or bool(real.all()) else real
-        if position_ids is None:
-            position_ids = (segment_positions(segment_ids) if segment_ids is not None
-                            else torch.arange(start, start + T, device=device).expand(B, T))
+        real_keys = self._key_mask(attention_mask, keys, start, T)
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
-        cos, sin = self.rotary(position_ids, embedded.dtype)
+        cos, sin = self.rotary(position_ids, embedded.dtype, segment_ids, start, T)
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
-            fuse = torch.ones_like(input_ids, dtype=torch.bool) if plain_mask is None else ~plain_mask
+            plain = torch.zeros_like(input_ids, dtype=torch.bool) if plain_mask is None else plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
-            hidden = self._chunked_recurrence(embedded, fuse, state, cos, sin, segments)
+            hidden = self._chunked_recurrence(embedded, plain, state, cos, sin, segments)
             return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
-        column = torch.arange(start + T, device=device)
-        itself = torch.ones(B, 1, dtype=torch.bool, device=device)
         tops = []
         for t in range(T):
             x = embedded[:, t : t + 1]
             if state is not None:
-                fused = self.fusion(x, state.to(x.dtype))
-                x = fused if plain_mask is None else torch.where(plain_mask[:, t : t + 1, None], x, fused)
-            q = start + t  # this step's column
-            masks: dict[int | None, torch.Tensor | None] = {}
-            for window in self._windows:
-                # The keys the store returns: a StepKeys only those inside the window, a cache all of them.
-                first = first_visible(q, window) if isinstance(keys, StepKeys) else 0
-                parts = [] if window is None or q - first < window else [column[first:q] > q - window]
-                if real_keys is not None:
-                    parts.append(real_keys[:, first:q])
-                if segment_ids is not None:  # the keys of the query's own document
-                    parts.append(segment_ids[:, first:q] == segment_ids[:, t : t + 1])
-                if not parts:
-                    masks[window] = None  # the one query sees every key returned (SDPA's unmasked path)
-                    continue
-                allowed = parts[0]
-                for part in parts[1:]:
-                    allowed = allowed & part
-                # A query always sees itself, so a padding row never has every key masked (NaN in SDPA).
-                masks[window] = torch.cat([allowed.expand(B, -1), itself], dim=1)[:, None, None]
+                x = self._fuse(x, state, None if plain_mask is None else plain_mask[:, t : t + 1])
+            # The step's one query at column start + t; a StepKeys returns only the keys inside each window.
+            masks = self._attention_masks(B, 1, start + t, real_keys, segment_ids, isinstance(keys, StepKeys))
             for block in self.layers:
                 x = block(x, cos[:, :, t : t + 1], sin[:, :, t : t + 1], masks, keys)
             keys.advance(1)
@@ -822,47 +801,53 @@ class FullBandLM(nn.Module):
         hidden = torch.cat(tops, dim=1)
         return ModelOutput(logits=self.head(hidden, logits_to_keep), hidden=hidden)
 
+    def _key_mask(
+        self, attention_mask: torch.Tensor | None, keys: KVCache | StepKeys | None, start: int, T: int
+    ) -> torch.Tensor | None:
+        """(B, start + T) bool, which keys are real tokens (False: padding), or None when all are. A KV cache records
+        the (B, T) (or (B, start + T)) ``attention_mask`` for later steps. Only a call given an attention mask
+        inspects it (a device sync); decode steps reuse the cache's padding flag."""
+        if attention_mask is not None:
+            attention_mask = attention_mask.to(device=self.device, dtype=torch.bool)
+            if isinstance(keys, KVCache) and attention_mask.shape[1] == start + T:
+                attention_mask = attention_mask[:, start:]
+        if isinstance(keys, KVCache):
+            if attention_mask is not None:
+                keys.mask_keys(attention_mask)
+            return keys.key_mask_through(start + T)
+        return None if attention_mask is None or bool(attention_mask.all()) else attention_mask
+
     def _attention_masks(
-        self, B, T, start, attention_mask, cache, segment_ids=None
+        self, B: int, T: int, start: int, key_mask: torch.Tensor | None, segment_ids: torch.Tensor | None = None,
+        windowed_keys: bool = False,
     ) -> dict[int | None, torch.Tensor | None]:
-        """Boolean SDPA masks (True = may attend) keyed by window size (None = full attention).
+        """Boolean SDPA masks (True = may attend) of queries at columns start .. start + T - 1, keyed by window size
+        (None = full attention): the rule of every forward and every recurrence step. A query sees the keys at or
+        before it, inside its window, of its own document (``segment_ids`` (B, start + T)) and real (``key_mask``,
+        (B, start + T)); always itself, so a padding row never has every key masked (NaN in SDPA). The keys are all
+        columns from 0, or with ``windowed_keys`` (one query, a ``StepKeys``) only those inside each window.
 
         A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
         """
-        device = self.device
-        if attention_mask is not None:
-            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            if cache is not None and attention_mask.shape[1] == start + T:
-                attention_mask = attention_mask[:, start:]
-        n_keys = start + T
-        # Only a forward that is given an attention mask inspects it (a device sync); decode steps
-        # reuse the cache's padding flag.
-        if cache is not None:
-            if attention_mask is not None:
-                cache.mask_keys(attention_mask)
-            key_mask = cache.key_mask_through(n_keys)
-        elif attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask
-        else:
-            key_mask = None
+        device, end = self.device, start + T
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in self._windows:
-            need_window = window is not None and n_keys > window
-            if key_mask is None and segment_ids is None and not need_window and (start == 0 or T == 1):
+            first = first_visible(start, window) if windowed_keys else 0  # the first key column attention reads
+            need_window = window is not None and end - first > window
+            if key_mask is None and segment_ids is None and not need_window and (start == first or T == 1):
                 masks[window] = None  # causal (T > 1, no cache offset) or a single query seeing all keys
                 continue
-            q_pos = torch.arange(start, start + T, device=device).unsqueeze(1)
-            k_pos = torch.arange(n_keys, device=device).unsqueeze(0)
+            q_pos = torch.arange(start, end, device=device).unsqueeze(1)
+            k_pos = torch.arange(first, end, device=device).unsqueeze(0)
             allowed = k_pos <= q_pos
             if need_window:
                 allowed = allowed & (k_pos > q_pos - window)
-            allowed = allowed.expand(B, T, n_keys)
-            if segment_ids is not None:  # no cache here, so keys and queries are the same T positions
+            allowed = allowed.expand(B, T, end - first)
+            if segment_ids is not None:
                 segments = segment_ids.to(device)
-                allowed = allowed & (segments.unsqueeze(2) == segments.unsqueeze(1))
+                allowed = allowed & (segments[:, start:end, None] == segments[:, None, first:end])
             if key_mask is not None:
-                # A query always sees itself, so a padding row never has all keys masked (NaN in SDPA).
-                allowed = (allowed & key_mask.unsqueeze(1)) | (k_pos == q_pos)
+                allowed = (allowed & key_mask[:, None, first:end]) | (k_pos == q_pos)
             masks[window] = allowed.unsqueeze(1)
         return masks
 
@@ -911,30 +896,21 @@ class FullBandLM(nn.Module):
         plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids,
                                 prefix_mixin if passes > 1 else 0.0, generator)
         forward = dict(attention_mask=attention_mask, position_ids=position_ids, segment_ids=segment_ids)
-        return self._passes(input_ids, passes, plain, jitter, detach, generator, grad_passes, forward)
 
-    def _passes(
-        self,
-        input_ids: torch.Tensor,
-        passes: int,
-        plain: torch.Tensor,
-        jitter: float,
-        detach: bool,
-        generator: torch.Generator | Sequence[torch.Generator] | None,
-        grad_passes: int | None,
-        forward: dict[str, torch.Tensor | None],
-    ) -> Iterator[ModelOutput]:
-        feedback = None
-        for k in range(passes):
-            with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
-            with torch.set_grad_enabled(with_grad):
-                step = self(input_ids, feedback=feedback, plain_mask=plain if k > 0 else None, **forward)
-            yield step
-            if k + 1 < passes:
-                feedback = shift_right(step.hidden.detach() if detach else step.hidden)
-                if jitter > 0:
-                    noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
-                    feedback = feedback + (2 * noise - 1) * jitter
+        def run() -> Iterator[ModelOutput]:  # a generator of its own, so that the checks above run at the call
+            feedback = None
+            for k in range(passes):
+                with_grad = torch.is_grad_enabled() and (grad_passes is None or k >= passes - grad_passes)
+                with torch.set_grad_enabled(with_grad):
+                    step = self(input_ids, feedback=feedback, plain_mask=plain if k > 0 else None, **forward)
+                yield step
+                if k + 1 < passes:
+                    feedback = shift_right(step.hidden.detach() if detach else step.hidden)
+                    if jitter > 0:
+                        noise = uniform(feedback.shape, generator, input_ids.device, feedback.dtype)
+                        feedback = feedback + (2 * noise - 1) * jitter
+
+        return run()
 
     def multipass(self, input_ids: torch.Tensor, passes: int, **recurrence: Any) -> MultipassOutput:
         """Every pass's logits and top states of ``iterate_passes`` (the same keyword arguments: plain_mask,
@@ -966,23 +942,16 @@ class FullBandLM(nn.Module):
         from safetensors.torch import load_file
 
         directory = Path(directory)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (directory / name).is_file():
-                raise FileNotFoundError(
-                    f"{directory} is not a fullband model directory: {name} is missing "
-                    "(expected config.json and model.safetensors written by save_pretrained)"
-                )
+        config = FullBandConfig.from_dict(read_config_file(directory))
+        weights = directory / WEIGHTS_NAME
+        if not weights.is_file():
+            raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
         try:
-            state = load_file(str(directory / WEIGHTS_NAME))
+            state = load_file(str(weights))
         except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"{directory / WEIGHTS_NAME} is unreadable or truncated: {exc}") from exc
-        model = cls.from_weights(FullBandConfig.load(directory / CONFIG_NAME), state, device, dtype,
-                                 source=str(directory / WEIGHTS_NAME))
-        if (directory / DECODE_DEFAULTS_NAME).is_file():
-            try:
-                model.decode_defaults = json.loads((directory / DECODE_DEFAULTS_NAME).read_text())
-            except ValueError as exc:
-                raise ValueError(f"{directory / DECODE_DEFAULTS_NAME} is unreadable: {exc}") from exc
+            raise ValueError(f"{weights} is unreadable or truncated: {exc}") from exc
+        model = cls.from_weights(config, state, device, dtype, source=str(weights))
+        model.decode_defaults = read_decode_defaults(directory)
         return model
 
     @classmethod
@@ -1078,6 +1047,29 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
+
+
+def read_config_file(directory: Path) -> Any:
+    """The contents of a model directory's config.json (FileNotFoundError or ValueError naming what is wrong)."""
+    config_file = directory / CONFIG_NAME
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
+                                "(expected config.json and model.safetensors written by save_pretrained)")
+    try:
+        return json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{config_file} is unreadable: {exc}") from None
+
+
+def read_decode_defaults(directory: Path) -> dict[str, Any]:
+    """The decode defaults stored beside a model's weights ({} where there are none)."""
+    path = directory / DECODE_DEFAULTS_NAME
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is unreadable: {exc}") from None
 
 
 def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:

@@ -103,12 +103,6 @@ class PassSchedule:
             raise ConfigError("train.schedule: the last phase must end at until: 1.0")
         return cls(tuple(phases))
 
-    def phase_at(self, fraction: float) -> Phase:
-        for phase in self.phases:
-            if fraction < phase.until:
-                return phase
-        return self.phases[-1]
-
     def _refuse_exact(self, what: str) -> None:
         if self.exact:
             raise ConfigError(
@@ -119,7 +113,7 @@ class PassSchedule:
     def passes_for_step(self, step: int, total_steps: int, seed: int) -> int:
         """K for a 0-based optimizer step; the budget fraction is measured at the step's start."""
         self._refuse_exact("K per step without its batch")
-        phase = self.phase_at(step / total_steps)
+        phase = next((phase for phase in self.phases if step / total_steps < phase.until), self.phases[-1])
         if len(phase.passes) == 1:
             return phase.passes[0][0]
         draw = random.Random(f"{seed}:{step}").random()
