@@ -596,7 +596,7 @@ class FullBandLM(nn.Module):
         x = self.embed(input_ids)
         if feedback is not None:
             x = self._fuse(x, feedback, plain_mask)
-        cos, sin = self.rotary(position_ids, x.dtype, segment_ids, start, T)
+        cos, sin = self.rotary(position_ids, x.dtype, segment_ids, start, B, T)
 
         masks = self._attention_masks(B, T, start, self._key_mask(attention_mask, cache, start, T), segment_ids)
         # A block under a KV cache writes the cache, so recomputing it would write twice: training only.
@@ -628,14 +628,14 @@ class FullBandLM(nn.Module):
 
     def rotary(
         self, position_ids: torch.Tensor | None, dtype: torch.dtype, segment_ids: torch.Tensor | None, start: int,
-        T: int,
+        B: int, T: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE's (cos, sin), each (B, 1, T, head_dim), for (B, T) positions, angles in float32. Default positions:
-        each document's own from 0 (``segment_ids``), else ``start`` + arange(T) for every row (a batch of 1)."""
+        each document's own from 0 (``segment_ids``), else ``start`` + arange(T) for every row."""
         if position_ids is None and segment_ids is not None:
             position_ids = segment_positions(segment_ids)
         if position_ids is None:
-            position_ids = torch.arange(start, start + T, device=self.device).unsqueeze(0)
+            position_ids = torch.arange(start, start + T, device=self.device).expand(B, T)
         angles = position_ids.unsqueeze(-1).float() * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -780,7 +780,7 @@ class FullBandLM(nn.Module):
                              f"run them after the {start} positions the cache already holds")
         real_keys = self._key_mask(attention_mask, keys, start, T)
         embedded = self.embed(input_ids)  # every position's embedding in one call; the steps slice it
-        cos, sin = self.rotary(position_ids, embedded.dtype, segment_ids, start, T)
+        cos, sin = self.rotary(position_ids, embedded.dtype, segment_ids, start, B, T)
         if self.compiled_steps is not None and isinstance(keys, StepKeys) and real_keys is None:
             plain = torch.zeros_like(input_ids, dtype=torch.bool) if plain_mask is None else plain_mask
             segments = torch.zeros_like(input_ids) if segment_ids is None else segment_ids
