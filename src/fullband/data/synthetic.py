@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -466,13 +467,17 @@ def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool =
 
 def export_jsonl(task: str | SyntheticTask, path: str | Path, n: int, seed: int) -> Path:
     """Write `n` examples as `{"prompt": ..., "answer": ...}` lines (the record format `fullband train`
-    reads from .jsonl sources). Same task and seed, same file. Written to a temporary file first, so an
-    interrupted export leaves no half-written file under `path`."""
+    reads from .jsonl sources). Same task and seed, same file."""
+    return write_jsonl(({"prompt": ex.prompt, "answer": ex.answer} for ex in synthetic_examples(task, n, seed)), path)
+
+
+def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
+    """Write records as JSON Lines, to a temporary file first, so an interrupted write leaves no half-written
+    file under `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     with partial.open("w") as f:
-        for ex in synthetic_examples(task, n, seed):
-            f.write(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n")
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     partial.replace(path)
     return path
