@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import importlib
 import io
+import itertools
 import json
 import os
 import platform
@@ -435,29 +436,24 @@ def _file_units(source: str, unit_bytes: int | None) -> list[Unit]:
     if len(paths) == 1:
         base = base.parent
     units: list[Unit] = []
-    texts: list[tuple[str, str]] = []  # a run of consecutive .txt files, grouped into units by size
-
-    def flush_texts() -> None:
-        for group in _group_by_size(texts, [Path(p).stat().st_size for p, _ in texts], unit_bytes):
-            units.append({"kind": "txt_files", "paths": [p for p, _ in group], "rels": [r for _, r in group]})
-        texts.clear()
-
-    for path in paths:
-        rel, kind = path.relative_to(base).as_posix(), file_kind(path)
-        if kind == ".txt":
-            texts.append((str(path), rel))
+    for texts, run in itertools.groupby(paths, key=lambda p: file_kind(p) == ".txt"):
+        run = list(run)
+        if texts:  # a run of consecutive .txt files, grouped into units by size
+            units += [{"kind": "txt_files", "paths": [str(p) for p in group],
+                       "rels": [p.relative_to(base).as_posix() for p in group]}
+                      for group in _group_by_size(run, [p.stat().st_size for p in run], unit_bytes)]
             continue
-        flush_texts()
-        if path.is_dir():
-            units += _saved_dataset_units(path, rel, unit_bytes)
-        elif kind == ".parquet":
-            units += _parquet_units(path, rel, unit_bytes)
-        else:
-            # Compressed streams cannot be entered in the middle: one unit per file.
-            ranges = _jsonl_ranges(path, unit_bytes) if kind == ".jsonl" else [(0, None, 1)]
-            units += [{"kind": "jsonl", "path": str(path), "rel": rel, "start": start, "stop": stop, "line": line}
-                      for start, stop, line in ranges]
-    flush_texts()
+        for path in run:
+            rel, kind = path.relative_to(base).as_posix(), file_kind(path)
+            if path.is_dir():
+                units += _saved_dataset_units(path, rel, unit_bytes)
+            elif kind == ".parquet":
+                units += _parquet_units(path, rel, unit_bytes)
+            else:
+                # Compressed streams cannot be entered in the middle: one unit per file.
+                ranges = _jsonl_ranges(path, unit_bytes) if kind == ".jsonl" else [(0, None, 1)]
+                units += [{"kind": "jsonl", "path": str(path), "rel": rel, "start": start, "stop": stop,
+                           "line": line} for start, stop, line in ranges]
     return units
 
 
