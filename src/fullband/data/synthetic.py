@@ -74,6 +74,11 @@ def _moves(example: Example) -> str:
     return example.prompt.split(" ", 1)[1].removesuffix(" :")
 
 
+def _counted_moves(example: Example) -> tuple[int, str]:
+    """The offset and the moves of a `<name> <number> : <moves> :` prompt."""
+    return example.prompt.index(" : ") + 3, example.prompt.split(" : ")[1].removesuffix(" :")
+
+
 def _state_answer(states: list[str], trace: bool) -> str:
     """The answer of a state-tracking task: the final state, or with `trace` every state then `=> final`."""
     return " " + " ".join(states) + " => " + states[-1] if trace else " " + states[-1]
@@ -170,12 +175,16 @@ class S5(SyntheticTask):
                 rng.shuffle(p)
                 perms.append(p)
                 names.append("".join(map(str, p)))
-        state, states = list(range(n)), []
+        moves = "".join(names) if self.generators else " ".join(names)
+        return Example(f"{self.name} {moves} :", _state_answer(self.states(perms), self.trace))
+
+    def states(self, perms: list[list[int]]) -> list[str]:
+        """The state (one-line notation) after each permutation, starting from the identity."""
+        state, states = list(range(self.degree)), []
         for p in perms:
             state = [p[x] for x in state]
             states.append("".join(map(str, state)))
-        moves = "".join(names) if self.generators else " ".join(names)
-        return Example(f"{self.name} {moves} :", _state_answer(states, self.trace))
+        return states
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
         """The state (one-line notation) after each move, at the move's last character."""
@@ -188,11 +197,7 @@ class S5(SyntheticTask):
             for word in moves.split(" "):
                 spans.append((offset + len(word) - 1, [int(x) for x in word]))
                 offset += len(word) + 1
-        state, out = list(range(self.degree)), []
-        for offset, p in spans:
-            state = [p[x] for x in state]
-            out.append((offset, "".join(map(str, state))))
-        return out
+        return list(zip([offset for offset, _ in spans], self.states([p for _, p in spans])))
 
 
 @dataclass(frozen=True)
@@ -364,8 +369,7 @@ class Completion(SyntheticTask):
         return Example(f"completion {self.items} : {steps} :", f" {len(set(steps))}")
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
-        steps = example.prompt.split(" : ")[1].removesuffix(" :")
-        start = example.prompt.index(" : ") + 3
+        start, steps = _counted_moves(example)
         return [(start + i, str(len(set(steps[: i + 1])))) for i in range(len(steps))]
 
 
@@ -389,8 +393,7 @@ class Delayed(SyntheticTask):
         return Example(f"delayed {self.delay} : {digits} :", f" {digits[-1 - self.delay]}")
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
-        digits = example.prompt.split(" : ")[1].removesuffix(" :")
-        start = example.prompt.index(" : ") + 3
+        start, digits = _counted_moves(example)
         return [(start + i, digits[i - self.delay]) for i in range(self.delay, len(digits))]
 
 
