@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from fullband.data.chat_examples import CHAT_TASKS, synthetic_chat_records, write_jsonl
+from fullband.data.chat_examples import CHAT_TASKS, synthetic_chat_records
+from fullband.data.synthetic import write_jsonl
 from fullband.errors import FullbandError
 
 

@@ -19,7 +19,7 @@ from test_train import tiny_config
 
 from fullband.cli import main
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.data.chat_examples import write_jsonl
+from fullband.data.synthetic import write_jsonl
 from fullband.decoding import DecodeSettings
 from fullband.generation import generate, score_continuations
 from fullband.loading import encode_prompt, load_model

@@ -14,7 +14,8 @@ from test_train import steps_of, tiny_config
 
 from fullband.cli import main
 from fullband.data import load_tokenizer
-from fullband.data.chat_examples import synthetic_chat_records, write_jsonl
+from fullband.data.chat_examples import synthetic_chat_records
+from fullband.data.synthetic import write_jsonl
 from fullband.storage import list_checkpoints
 from fullband.train import train
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import lru_cache
 
-from fullband.data.sources import CHAT_ROLES
+from fullband.data.sources import check_messages
 from fullband.data.tokenizers import CHAT_TOKENS, Tokenizer
 from fullband.errors import DataError
 
@@ -30,19 +30,6 @@ BUILTIN_CHAT_TEMPLATE = (
 )
 # End-of-turn tokens of common chat templates, recognised when a tokenizer's own template is used.
 _KNOWN_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
-
-
-def check_messages(messages: object) -> list[dict]:
-    """OpenAI-style messages reduced to role and content; DataError (with what to fix) otherwise."""
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise DataError('messages must be a non-empty list of {"role": ..., "content": ...} objects')
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
-            raise DataError(f"message {i} must be an object with 'role' in {', '.join(CHAT_ROLES)} and a string "
-                            f"'content', got {m!r:.200}")
-        clean.append({"role": m["role"], "content": m["content"]})
-    return clean
 
 
 def apply_chat_template(tokenizer: Tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:

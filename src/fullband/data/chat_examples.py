@@ -4,9 +4,7 @@ correctly can be checked exactly. ``scripts/make_chat_data.py`` writes them as .
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 from fullband.data.synthetic import final_answer, get_task, synthetic_examples
 
@@ -40,9 +38,3 @@ def synthetic_chat_records(n: int, seed: int = 0, tasks: tuple[str, ...] = CHAT_
         records.append({"messages": messages})
     return records
 
-
-def write_jsonl(records: list[dict], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-    return path

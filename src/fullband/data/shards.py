@@ -43,6 +43,7 @@ from fullband.data.sources import (
     SplitStats,
     Unit,
     byte_cap,
+    cut_at_cap,
     describe_source,
     document_bytes,
     isolates_documents,
@@ -85,11 +86,32 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _file_record(path: Path) -> dict:
+    """The size and sha256 of a written file, as the manifest and unit.json record them."""
+    return {"bytes": path.stat().st_size, "sha256": _sha256_file(path)}
+
+
+def _file_problem(path: Path, record: dict, verify: bool = True) -> str | None:
+    """What is wrong with a file against its recorded size and (with `verify`) sha256; None: nothing."""
+    if not path.is_file():
+        return f"missing {path.name}"
+    if path.stat().st_size != record["bytes"]:
+        return f"{path} has {path.stat().st_size} bytes, not the {record['bytes']} recorded: truncated or replaced"
+    if verify and _sha256_file(path) != record["sha256"]:
+        return f"{path} is corrupt: its sha256 does not match the record"
+    return None
+
+
+def _fsync_close(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+
+
 def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    f = open(path, "wb")
+    f.write(data)
+    _fsync_close(f)
 
 
 class _ShardWriter:
@@ -122,9 +144,7 @@ class _ShardWriter:
                 self._close_shard()
 
     def _close_shard(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        _fsync_close(self._file)
         self.shards[-1].update(tokens=self._count, bytes=self._count * self.dtype.itemsize,
                                sha256=self._hash.hexdigest())
         self._file = None
@@ -186,16 +206,13 @@ class _UnitPiece:
     def close(self, tok: Tokenizer) -> dict:
         self._flush(tok)
         for f in [self.tokens] + ([self.mask] if self.mask else []):
-            f.flush()
-            os.fsync(f.fileno())
-            f.close()
+            _fsync_close(f)
         np.save(self.directory / f"{self.split}_docs.npy", np.asarray(self.starts, dtype=np.int64))
         np.save(self.directory / f"{self.split}_bytes.npy", np.asarray(self.sizes, dtype=np.int64))
         names = [self.split + suffix for suffix in _PIECE_SUFFIXES if (self.directory / (self.split + suffix)).exists()]
         return {"tokens": self.total, "documents": len(self.sizes), "text_bytes": sum(self.sizes),
                 "skipped_at": self.skipped_at,
-                "files": {n: {"bytes": (self.directory / n).stat().st_size, "sha256": _sha256_file(self.directory / n)}
-                          for n in names}}
+                "files": {name: _file_record(self.directory / name) for name in names}}
 
 
 _PIECE_SUFFIXES = (".bin", "_mask.bin", "_docs.npy", "_bytes.npy")
@@ -247,28 +264,24 @@ def _verified_unit(unit_dir: Path, unit: Unit) -> dict | None:
         return None
     if not isinstance(info, dict) or info.get("unit") != unit:
         return None
-    for piece in info["splits"].values():
-        for name, entry in piece["files"].items():
-            path = unit_dir / name
-            if not path.is_file() or path.stat().st_size != entry["bytes"] or _sha256_file(path) != entry["sha256"]:
-                return None
-    return info
+    files = [(name, entry) for piece in info["splits"].values() for name, entry in piece["files"].items()]
+    return None if any(_file_problem(unit_dir / name, entry) for name, entry in files) else info
 
 
-# Per worker process: tokenizers loaded once, by directory.
-_WORKER_TOKENIZERS: dict[str, Tokenizer] = {}
+# The tokenizer of a worker process, loaded once when it starts.
+_WORKER_TOKENIZER: Tokenizer | None = None
 
 
-def _worker_init() -> None:
+def _worker_init(tok_dir: str) -> None:
+    global _WORKER_TOKENIZER
     # One process per core: the Rust tokenizer's own thread pool would only oversubscribe the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER_TOKENIZER = load_tokenizer(tok_dir)
 
 
-def _unit_task(task: tuple[dict, Unit, str, str, str]) -> dict:
-    cfg, unit, fmt, tok_dir, unit_dir = task
-    if tok_dir not in _WORKER_TOKENIZERS:
-        _WORKER_TOKENIZERS[tok_dir] = load_tokenizer(tok_dir)
-    return tokenize_unit(DataConfig.from_dict(cfg), unit, fmt, _WORKER_TOKENIZERS[tok_dir], Path(unit_dir))
+def _unit_task(task: tuple[dict, Unit, str, str]) -> dict:
+    cfg, unit, fmt, unit_dir = task
+    return tokenize_unit(DataConfig.from_dict(cfg), unit, fmt, _WORKER_TOKENIZER, Path(unit_dir))
 
 
 def _process_context() -> multiprocessing.context.BaseContext:
@@ -288,15 +301,15 @@ def _tokenize_units(cfg: DataConfig, units: list[Unit], fmt: str, out_dir: Path,
     units_dir = out_dir / UNITS_DIR
     caps = {split: byte_cap(cfg, split) for split in SPLITS}
     seen = dict.fromkeys(SPLITS, 0)
-    tasks = ((cfg.to_dict(), units[i], fmt, str(out_dir / TOKENIZER_DIR), str(units_dir / _unit_name(i)))
-             for i in range(len(units)) if i not in done)
+    tasks = ((cfg.to_dict(), units[i], fmt, str(units_dir / _unit_name(i))) for i in range(len(units)) if i not in done)
     infos: list[dict] = []
-    pool = _process_context().Pool(workers, initializer=_worker_init) if workers > 1 and len(units) > 1 else None
+    pool = (_process_context().Pool(workers, initializer=_worker_init, initargs=(str(out_dir / TOKENIZER_DIR),))
+            if workers > 1 and len(units) > 1 else None)
     finished = False
     try:
         # imap keeps unit order; a single process reads the units itself, with the tokenizer in memory.
         results = pool.imap(_unit_task, tasks) if pool else (
-            tokenize_unit(cfg, unit, fmt, tok, Path(unit_dir)) for _, unit, _, _, unit_dir in tasks)
+            tokenize_unit(cfg, unit, fmt, tok, Path(unit_dir)) for _, unit, _, unit_dir in tasks)
         for i in range(len(units)):
             if all(caps[s] is not None and seen[s] >= caps[s] for s in SPLITS):
                 break  # the rest of the corpus is past both caps: not read at all
@@ -353,8 +366,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
     starts: list[np.ndarray] = []
     records, cap = fmt != "text", byte_cap(cfg, split)
     mask_file = f"{split}_mask.bin"
-    with contextlib.ExitStack() as stack:
-        mask = stack.enter_context(open(out_dir / mask_file, "wb")) if records else None
+    with open(out_dir / mask_file, "wb") if records else contextlib.nullcontext() as mask:
         for index, info in enumerate(infos):
             piece, unit_dir = info["splits"][split], out_dir / UNITS_DIR / _unit_name(index)
             sizes = np.load(unit_dir / f"{split}_bytes.npy")
@@ -371,11 +383,9 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
             stats.skipped_files += sum(1 for k in piece["skipped_at"] if k <= keep)
             if cut is None:
                 continue
-            if not records:  # the text that reaches the cap is cut to fit (a synthetic example is dropped)
+            if not records:  # the text that reaches the cap is cut to fit
                 data = _nth_document(cfg, units[index], fmt, split, cut).encode("utf-8")
-                room = cap - stats.text_bytes
-                text = "" if cfg.source.startswith("synthetic:") and len(data) > room else \
-                    data[:room].decode("utf-8", errors="ignore")
+                text = cut_at_cap(data, cap - stats.text_bytes, cfg.source.startswith("synthetic:"))
                 if text:
                     framed, _ = frame_texts(tok, [text], writer.dtype)
                     starts.append(np.array([writer.total], dtype=np.int64))
@@ -384,8 +394,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
                     stats.text_bytes += len(text.encode("utf-8"))
             break
         if mask is not None:
-            mask.flush()
-            os.fsync(mask.fileno())
+            _fsync_close(mask)
     shards = writer.close()
     if stats.documents == 0:
         raise DataError(
@@ -400,10 +409,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
     np.save(out_dir / docs_file, doc_starts)
     log.info("%s: %d documents, %d tokens, %d shard(s), %d files skipped", split, stats.documents,
              writer.total, len(shards), stats.skipped_files)
-    extra = {}
-    if records:
-        extra["loss_mask"] = {"file": mask_file, "bytes": (out_dir / mask_file).stat().st_size,
-                              "sha256": _sha256_file(out_dir / mask_file)}
+    extra = {"loss_mask": {"file": mask_file, **_file_record(out_dir / mask_file)}} if records else {}
     return {
         **extra,
         "tokens": writer.total,
@@ -411,8 +417,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
         "text_bytes": stats.text_bytes,
         "skipped_files": stats.skipped_files,
         "shards": shards,
-        "doc_starts": {"file": docs_file, "bytes": (out_dir / docs_file).stat().st_size,
-                       "sha256": _sha256_file(out_dir / docs_file)},
+        "doc_starts": {"file": docs_file, **_file_record(out_dir / docs_file)},
     }
 
 
@@ -773,23 +778,11 @@ def open_dataset(path: str | Path, verify: bool = True) -> PreparedDataset:
     manifest = _read_manifest(path)
     for name, info in manifest["splits"].items():
         for entry in [*info["shards"], info["doc_starts"], *([info["loss_mask"]] if "loss_mask" in info else [])]:
-            file = path / entry["file"]
-            if not file.is_file():
-                raise DataError(
-                    f"Dataset {path} is missing {entry['file']} ({name} split). The directory was "
-                    "modified after preparation; re-run `fullband prepare` with overwrite."
-                )
-            size = file.stat().st_size
-            if size != entry["bytes"]:
-                raise DataError(
-                    f"{file} has {size} bytes but the manifest records {entry['bytes']}: the file is "
-                    "truncated or was replaced. Re-run `fullband prepare` with overwrite."
-                )
-            if verify and _sha256_file(file) != entry["sha256"]:
-                raise DataError(
-                    f"{file} is corrupt: its sha256 does not match the manifest. Re-run "
-                    "`fullband prepare` with overwrite (or restore the file)."
-                )
+            problem = _file_problem(path / entry["file"], entry, verify)
+            if problem:
+                raise DataError(f"Dataset {path}, {name} split: {problem} (in the manifest). The directory was "
+                                "modified after preparation; re-run `fullband prepare` with overwrite (or restore "
+                                "the file).")
     tok = load_tokenizer(path / manifest["tokenizer"]["dir"])
     if tok.fingerprint() != manifest["tokenizer"]["fingerprint"]:
         raise DataError(f"The tokenizer in {path / TOKENIZER_DIR} is not the one the dataset was prepared "

@@ -13,15 +13,18 @@ records into tokens and a loss mask.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
+import importlib
 import io
+import itertools
 import json
 import os
 import platform
 import sysconfig
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,35 +127,33 @@ def iter_documents(cfg: DataConfig, split: str, stats: SplitStats | None = None,
     stats = stats if stats is not None else SplitStats()
     cap = byte_cap(cfg, split)
     synthetic = cfg.source.startswith("synthetic:")
-    for doc_id, text, doc_split in _raw_documents(cfg, split, fmt):
+    for doc_id, doc, doc_split in _raw_documents(cfg, split, fmt):
         if (doc_split or split_of(doc_id, cfg.val_fraction)) != split:
             continue
-        if text is None:
+        if doc is None:
             stats.skipped_files += 1
             continue
-        if not text:
+        if not doc:
             continue
-        if isinstance(text, dict):
-            size = document_bytes(text)
-            if cap is not None and size > cap - stats.text_bytes:
-                return
+        size, room = document_bytes(doc), None if cap is None else cap - stats.text_bytes
+        if room is not None and size > room and isinstance(doc, dict):
+            return
+        last = room is not None and size >= room and isinstance(doc, str)
+        if last:
+            doc = cut_at_cap(doc.encode("utf-8"), room, synthetic)
+            size = len(doc.encode("utf-8"))
+        if doc:
             stats.documents += 1
             stats.text_bytes += size
-            yield doc_id, text
-            continue
-        data = text.encode("utf-8")
-        room = None if cap is None else cap - stats.text_bytes
-        if room is not None and len(data) >= room:
-            # The last document: cut to fit, except half a synthetic example, which teaches nothing.
-            text = "" if synthetic and len(data) > room else data[:room].decode("utf-8", errors="ignore")
-            if text:
-                stats.documents += 1
-                stats.text_bytes += len(text.encode("utf-8"))
-                yield doc_id, text
+            yield doc_id, doc
+        if last:
             return
-        stats.documents += 1
-        stats.text_bytes += len(data)
-        yield doc_id, text
+
+
+def cut_at_cap(data: bytes, room: int, synthetic: bool) -> str:
+    """The text (UTF-8 `data`) that reaches the byte cap, cut to its `room` bytes on a character boundary; ""
+    for a synthetic example that does not fit whole, as half an example teaches nothing."""
+    return "" if synthetic and len(data) > room else data[:room].decode("utf-8", errors="ignore")
 
 
 def describe_source(cfg: DataConfig) -> dict:
@@ -181,36 +182,17 @@ def _all_text_files(cfg: DataConfig) -> bool:
 def _first_record_keys(cfg: DataConfig) -> set[str]:
     """The field names of the source's first record (a .jsonl line, a Parquet or `datasets` schema)."""
     if cfg.source.startswith("hf:"):
-        name, _, config = cfg.source.removeprefix("hf:").partition(":")
-        datasets = _import_datasets(f"data.source {cfg.source!r}")
-        try:
-            dd = datasets.load_dataset(name, config or None, streaming=True)
-            first = next(iter(dd[next(iter(dd.keys()))]), {})
-        except Exception as e:
-            raise DataError(
-                f"Could not load the Hugging Face dataset {cfg.source!r} to detect data.format "
-                f"({type(e).__name__}: {e}). hf: sources need network access to the Hugging Face Hub (or a warm "
-                "cache); offline, save the dataset with save_to_disk and pass that directory instead."
-            ) from e
-        return set(first)
+        with _hf_errors(cfg.source):
+            dd = _hf_stream(cfg)
+            return set(next(iter(dd[next(iter(dd.keys()))]), {}))
     for path in _resolve_paths(cfg.source):
         if path.is_dir():
-            datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                ds = ds[next(iter(ds.keys()))]
-            return set(ds.column_names or [])
+            return set(_saved_parts(path)[0][2].column_names or [])
         if file_kind(path) == ".parquet":
             return set(_parquet_file(path).schema_arrow.names)
         if file_kind(path) != ".txt":
-            with _open_jsonl(path) as f:
-                for lineno, raw in enumerate(f, start=1):
-                    if raw.strip():
-                        try:
-                            record = json.loads(raw)
-                        except json.JSONDecodeError as e:
-                            raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}).") from None
-                        return set(record) if isinstance(record, dict) else set()
+            for _, record in _jsonl_records(path):
+                return set(record) if isinstance(record, dict) else set()
     return set()
 
 
@@ -230,18 +212,26 @@ def structured_record(record: object, fmt: str, where: str) -> dict:
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: data.format=chat needs a non-empty list 'messages' of "
                         '{"role": ..., "content": ...} objects (the OpenAI format).')
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
-            raise DataError(
-                f"{where}: message {i} must be an object with 'role' in {', '.join(CHAT_ROLES)} and a string "
-                f"'content', got {json.dumps(m)[:200]}."
-            )
-        clean.append({"role": m["role"], "content": m["content"]})
+    clean = check_messages(messages, where)
     if not any(m["role"] == "assistant" for m in clean):
         raise DataError(f"{where}: the conversation has no assistant message, so nothing would be trained on; "
                         "remove it or add the assistant's answer.")
     return {"messages": clean}
+
+
+def check_messages(messages: object, where: str = "") -> list[dict]:
+    """OpenAI-style messages reduced to role and content; DataError (with what to fix, after `where`, the
+    record's place) otherwise."""
+    at = f"{where}: " if where else ""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise DataError(f'{at}messages must be a non-empty list of {{"role": ..., "content": ...}} objects')
+    clean = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES or not isinstance(m.get("content"), str):
+            raise DataError(f"{at}message {i} must be an object with 'role' in {', '.join(CHAT_ROLES)} and a "
+                            f"string 'content', got {m!r:.200}.")
+        clean.append({"role": m["role"], "content": m["content"]})
+    return clean
 
 
 # --- Work units ----------------------------------------------------------------------------------
@@ -446,29 +436,24 @@ def _file_units(source: str, unit_bytes: int | None) -> list[Unit]:
     if len(paths) == 1:
         base = base.parent
     units: list[Unit] = []
-    texts: list[tuple[str, str]] = []  # a run of consecutive .txt files, grouped into units by size
-
-    def flush_texts() -> None:
-        for group in _group_by_size(texts, [Path(p).stat().st_size for p, _ in texts], unit_bytes):
-            units.append({"kind": "txt_files", "paths": [p for p, _ in group], "rels": [r for _, r in group]})
-        texts.clear()
-
-    for path in paths:
-        rel, kind = path.relative_to(base).as_posix(), file_kind(path)
-        if kind == ".txt":
-            texts.append((str(path), rel))
+    for texts, run in itertools.groupby(paths, key=lambda p: file_kind(p) == ".txt"):
+        run = list(run)
+        if texts:  # a run of consecutive .txt files, grouped into units by size
+            units += [{"kind": "txt_files", "paths": [str(p) for p in group],
+                       "rels": [p.relative_to(base).as_posix() for p in group]}
+                      for group in _group_by_size(run, [p.stat().st_size for p in run], unit_bytes)]
             continue
-        flush_texts()
-        if path.is_dir():
-            units += _saved_dataset_units(path, rel, unit_bytes)
-        elif kind == ".parquet":
-            units += _parquet_units(path, rel, unit_bytes)
-        else:
-            # Compressed streams cannot be entered in the middle: one unit per file.
-            ranges = _jsonl_ranges(path, unit_bytes) if kind == ".jsonl" else [(0, None, 1)]
-            units += [{"kind": "jsonl", "path": str(path), "rel": rel, "start": start, "stop": stop, "line": line}
-                      for start, stop, line in ranges]
-    flush_texts()
+        for path in run:
+            rel, kind = path.relative_to(base).as_posix(), file_kind(path)
+            if path.is_dir():
+                units += _saved_dataset_units(path, rel, unit_bytes)
+            elif kind == ".parquet":
+                units += _parquet_units(path, rel, unit_bytes)
+            else:
+                # Compressed streams cannot be entered in the middle: one unit per file.
+                ranges = _jsonl_ranges(path, unit_bytes) if kind == ".jsonl" else [(0, None, 1)]
+                units += [{"kind": "jsonl", "path": str(path), "rel": rel, "start": start, "stop": stop,
+                           "line": line} for start, stop, line in ranges]
     return units
 
 
@@ -478,23 +463,15 @@ def _jsonl_ranges(path: Path, unit_bytes: int | None) -> list[tuple[int, int | N
     size = path.stat().st_size
     if unit_bytes is None or size <= unit_bytes:
         return [(0, None, 1)]
-    starts = [(0, 1)]
-    target, base, newlines = unit_bytes, 0, 0  # newlines: in the file before `base`
+    ranges, start, line = [], 0, 1
     with open(path, "rb") as f:
-        while chunk := f.read(2**24):
-            while target - 1 < base + len(chunk):
-                i = chunk.find(b"\n", max(target - 1 - base, 0))
-                if i < 0:
-                    break
-                start = base + i + 1
-                if start >= size:
-                    break
-                starts.append((start, newlines + chunk.count(b"\n", 0, i + 1) + 1))
-                target = start + unit_bytes
-            newlines += chunk.count(b"\n")
-            base += len(chunk)
-    stops = [s for s, _ in starts[1:]] + [None]
-    return [(start, stop, line) for (start, line), stop in zip(starts, stops)]
+        while start < size:
+            # Up to the first newline at or after byte start + unit_bytes - 1: the next start is a line start.
+            data = f.read(unit_bytes - 1) + f.readline()
+            stop = start + len(data)
+            ranges.append((start, stop if stop < size else None, line))  # the last unit reads to the end
+            start, line = stop, line + data.count(b"\n")
+    return ranges
 
 
 def _single_text_documents(path: Path, val_fraction: float) -> Iterator[RawDoc]:
@@ -524,12 +501,7 @@ def _open_jsonl(path: Path) -> io.BufferedIOBase:
     if kind == ".jsonl.gz":
         return gzip.open(path, "rb")
     if kind == ".jsonl.zst":
-        try:
-            import zstandard
-        except ImportError:
-            raise DataError(
-                f"Reading {path} needs zstandard, which is not installed. Run: pip install 'fullband[data]'."
-            ) from None
+        zstandard = _import_data_package("zstandard", f"Reading {path}")
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
     return open(path, "rb")
 
@@ -543,9 +515,10 @@ def _read_errors(path: Path) -> tuple[type[Exception], ...]:
     return OSError, EOFError
 
 
-def _jsonl_documents(path: Path, rel: str, field: str, fmt: str, start: int = 0, stop: int | None = None,
-                     first_line: int = 1) -> Iterator[RawDoc]:
-    """The records of lines [start, stop) (bytes; every line starting before stop) of a JSON Lines file."""
+def _jsonl_records(path: Path, start: int = 0, stop: int | None = None,
+                   first_line: int = 1) -> Iterator[tuple[int, object]]:
+    """(line number, JSON value) of the non-blank lines [start, stop) (bytes; every line starting before stop)
+    of a JSON Lines file."""
     offset = start
     try:
         with _open_jsonl(path) as f:
@@ -558,39 +531,36 @@ def _jsonl_documents(path: Path, rel: str, field: str, fmt: str, start: int = 0,
                 offset += len(raw)
                 if not line:
                     continue
-                yield _jsonl_record(line, path, lineno, rel, field, fmt)
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
+                                    "must be one JSON object.") from None
+                yield lineno, record
     except _read_errors(path) as e:
         raise DataError(f"{path} could not be read after byte {offset} ({type(e).__name__}: {e}): the file is "
                         "truncated, corrupt or not what its name says. Re-download it or remove it from "
                         "data.source.") from e
 
 
-def _jsonl_record(line: str, path: Path, lineno: int, rel: str, field: str, fmt: str) -> RawDoc:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{lineno} is not valid JSON ({e.msg}). Each line of a .jsonl file "
-                        "must be one JSON object.") from None
-    if fmt != "text":
-        return f"{rel}:{lineno}", structured_record(record, fmt, f"{path}:{lineno}"), None
-    if not isinstance(record, dict) or field not in record:
-        raise DataError(
-            f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
-            "the text, or fix that line."
-        )
-    text = record[field]
-    if not isinstance(text, str):
-        raise DataError(f"{path}:{lineno}: field {field!r} is {type(text).__name__}, not a string.")
-    return f"{rel}:{lineno}", text, None
+def _jsonl_documents(path: Path, rel: str, field: str, fmt: str, start: int, stop: int | None,
+                     first_line: int) -> Iterator[RawDoc]:
+    for lineno, record in _jsonl_records(path, start, stop, first_line):
+        if fmt != "text":
+            yield f"{rel}:{lineno}", structured_record(record, fmt, f"{path}:{lineno}"), None
+            continue
+        if not isinstance(record, dict) or field not in record:
+            raise DataError(
+                f"{path}:{lineno} has no field {field!r}. Set --data.text_field to the key holding "
+                "the text, or fix that line."
+            )
+        if not isinstance(record[field], str):
+            raise DataError(f"{path}:{lineno}: field {field!r} is {type(record[field]).__name__}, not a string.")
+        yield f"{rel}:{lineno}", record[field], None
 
 
 def _parquet_file(path: Path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(
-            f"Reading {path} needs pyarrow, which is not installed. Run: pip install 'fullband[data]'."
-        ) from None
+    pq = _import_data_package("pyarrow.parquet", f"Reading {path}")
     try:
         return pq.ParquetFile(path)
     except Exception as e:
@@ -610,66 +580,57 @@ def _parquet_units(path: Path, rel: str, unit_bytes: int | None) -> list[Unit]:
     return units
 
 
-def _parquet_documents(path: Path, rel: str, field: str, fmt: str, row_groups: range | None = None,
-                       first_row: int = 0) -> Iterator[RawDoc]:
+def _parquet_documents(path: Path, rel: str, field: str, fmt: str, row_groups: range,
+                       first_row: int) -> Iterator[RawDoc]:
     pf = _parquet_file(path)
-    row_groups = range(pf.metadata.num_row_groups) if row_groups is None else row_groups
-    columns = pf.schema_arrow.names
-    if fmt != "text":
-        wanted = ["messages"] if fmt == "chat" else ["prompt", "answer"]
-        missing = [c for c in wanted if c not in columns]
-        if missing:
-            raise DataError(f"{path} has no column {', '.join(missing)} (columns: {', '.join(columns)}), which "
-                            f"data.format={fmt} needs.")
-        row = first_row
-        for batch in pf.iter_batches(row_groups=row_groups, columns=wanted):
-            for record in batch.to_pylist():
-                yield f"{rel}:{row}", structured_record(record, fmt, f"{path} row {row}"), None
-                row += 1
-        return
-    if field not in columns:
+    columns = _used_columns(pf.schema_arrow.names, str(path), field, fmt)
+    rows = (row for batch in pf.iter_batches(row_groups=row_groups, columns=columns) for row in batch.to_pylist())
+    yield from _table_documents(rows, str(path), field, fmt, f"{rel}:", None, first_row)
+
+
+# --- Tables: Parquet files and `datasets` ------------------------------------------------------------
+
+def _used_columns(columns: list[str], origin: str, field: str, fmt: str) -> list[str]:
+    """The columns a document is made of in data.format `fmt`; DataError if the table lacks one."""
+    used = {"text": [field], "chat": ["messages"], "prompt_answer": ["prompt", "answer"]}[fmt]
+    missing = [c for c in used if c not in columns]
+    if missing:
         raise DataError(
-            f"{path} has no column {field!r} (columns: {', '.join(columns)}). Set --data.text_field."
+            f"{origin} has no column {', '.join(map(repr, missing))} (columns: {', '.join(columns)}). "
+            + ("Set --data.text_field to the column holding the text." if fmt == "text" else
+               f"data.format={fmt} needs the column(s) {', '.join(used)}.")
         )
-    row = first_row
-    for batch in pf.iter_batches(row_groups=row_groups, columns=[field]):
-        for text in batch.column(0).to_pylist():
-            if text is not None and not isinstance(text, str):
-                raise DataError(f"{path} row {row}: column {field!r} holds {type(text).__name__}, not text.")
-            yield f"{rel}:{row}", text or "", None
-            row += 1
+    return used
 
 
-# --- Hugging Face datasets -----------------------------------------------------------------------
-
-def _import_datasets(what: str):
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            f"{what} needs the `datasets` package, which is not installed. Run: pip install 'fullband[data]'."
-        ) from None
-    return datasets
-
-
-def _dataset_rows(ds, origin: str, field: str, id_prefix: str, split: str | None, fmt: str,
-                  first: int = 0) -> Iterator[RawDoc]:
-    """Rows of a (streaming) dataset; `first`: the row number of its first row in the whole split."""
-    if fmt != "text":
-        for i, record in enumerate(ds, start=first):
+def _table_documents(rows: Iterable[dict], origin: str, field: str, fmt: str, id_prefix: str, split: str | None,
+                     first: int = 0) -> Iterator[RawDoc]:
+    """The documents of a table's rows; `first`: the number of its first row in the whole table."""
+    for i, record in enumerate(rows, start=first):
+        if fmt != "text":
             yield f"{id_prefix}{i}", structured_record(record, fmt, f"{origin} row {i}"), split
-        return
-    columns = ds.column_names
-    if columns is not None and field not in columns:
-        raise DataError(f"{origin} has no column {field!r} (columns: {', '.join(columns)}). "
-                        "Set --data.text_field to the column holding the text.")
-    if columns is not None:
-        ds = ds.select_columns([field])  # decode only the text column
-    for i, record in enumerate(ds, start=first):
+            continue
         text = record.get(field)
         if text is not None and not isinstance(text, str):
             raise DataError(f"{origin} row {i}: column {field!r} holds {type(text).__name__}, not text.")
         yield f"{id_prefix}{i}", text or "", split
+
+
+def _import_data_package(module: str, what: str):
+    """An optional dependency of fullband[data] (datasets, pyarrow, zstandard), imported on first use."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise DataError(f"{what} needs the `{module.split('.')[0]}` package, which is not installed. Run: "
+                        "pip install 'fullband[data]'.") from None
+
+
+def _dataset_documents(ds, origin: str, field: str, fmt: str, id_prefix: str, split: str | None,
+                       first: int = 0) -> Iterator[RawDoc]:
+    """The documents of a `datasets` Dataset (or a stream of one, whose columns may be unknown)."""
+    if ds.column_names is not None:
+        ds = ds.select_columns(_used_columns(ds.column_names, origin, field, fmt))  # decode only those
+    yield from _table_documents(ds, origin, field, fmt, id_prefix, split, first)
 
 
 def _dict_splits(names: list[str], origin: str) -> list[tuple[str, str | None]]:
@@ -683,27 +644,24 @@ def _dict_splits(names: list[str], origin: str) -> list[tuple[str, str | None]]:
     return [(train, "train"), (val, "val")] if val else [(train, None)]
 
 
-def _dict_rows(dd, origin: str, field: str, id_prefix: str, fmt: str) -> Iterator[RawDoc]:
-    for name, split in _dict_splits(list(dd.keys()), origin):
-        yield from _dataset_rows(dd[name], f"{origin} [{name}]", field, f"{id_prefix}{name}:", split, fmt)
-
-
-def _load_saved(path: Path):
-    datasets = _import_datasets(f"Loading the save_to_disk directory {path}")
+def _saved_parts(path: Path) -> list[tuple[str | None, str | None, object]]:
+    """(split name, fullband split as in `_dict_splits`, Dataset) of the splits of a save_to_disk directory
+    that are used; a single Dataset is one part without a name."""
+    datasets = _import_data_package("datasets", f"Loading the save_to_disk directory {path}")
     try:
-        return datasets.load_from_disk(str(path))
+        ds = datasets.load_from_disk(str(path))
     except Exception as e:
         raise DataError(f"Could not load {path} with datasets.load_from_disk ({e}). Is it a complete "
                         "save_to_disk directory?") from e
+    if isinstance(ds, datasets.DatasetDict):
+        return [(name, split, ds[name]) for name, split in _dict_splits(list(ds.keys()), str(path))]
+    return [(None, None, ds)]
 
 
 def _saved_dataset_units(path: Path, rel: str, unit_bytes: int | None) -> list[Unit]:
     """Row ranges of about unit_bytes (by the split's average row size) of a save_to_disk directory."""
-    ds = _load_saved(path)
-    parts = ([(name, split, ds[name]) for name, split in _dict_splits(list(ds.keys()), str(path))]
-             if isinstance(ds, _import_datasets("save_to_disk").DatasetDict) else [(None, None, ds)])
     units = []
-    for name, split, d in parts:
+    for name, split, d in _saved_parts(path):
         rows = d.num_rows if unit_bytes is None else max(1, unit_bytes * d.num_rows // max(1, d.data.nbytes))
         units += [{"kind": "saved", "path": str(path), "rel": rel, "split_name": name, "split": split,
                    "start": start, "stop": min(start + rows, d.num_rows)} for start in range(0, d.num_rows, rows)]
@@ -712,25 +670,38 @@ def _saved_dataset_units(path: Path, rel: str, unit_bytes: int | None) -> list[U
 
 def _saved_dataset_documents(unit: Unit, field: str, fmt: str) -> Iterator[RawDoc]:
     path, name, rel = Path(unit["path"]), unit["split_name"], unit["rel"]
-    ds = _load_saved(path)
+    ds = next(d for part, _, d in _saved_parts(path) if part == name)
     origin, prefix = (f"{path} [{name}]", f"{rel}:{name}:") if name is not None else (str(path), f"{rel}:")
-    rows = (ds[name] if name is not None else ds).select(range(unit["start"], unit["stop"]))
-    yield from _dataset_rows(rows, origin, field, prefix, unit["split"], fmt, first=unit["start"])
+    rows = ds.select(range(unit["start"], unit["stop"]))
+    yield from _dataset_documents(rows, origin, field, fmt, prefix, unit["split"], first=unit["start"])
 
 
-def _hf_documents(cfg: DataConfig, fmt: str) -> Iterator[RawDoc]:
-    spec = cfg.source.removeprefix("hf:")
-    name, _, config = spec.partition(":")
-    datasets = _import_datasets(f"data.source {cfg.source!r}")
+def _hf_stream(cfg: DataConfig):
+    """The DatasetDict of an hf: source, streamed: only as much is read as is used, which matters with
+    max_train_bytes on big corpora."""
+    name, _, config = cfg.source.removeprefix("hf:").partition(":")
+    datasets = _import_data_package("datasets", f"data.source {cfg.source!r}")
+    return datasets.load_dataset(name, config or None, streaming=True)
+
+
+@contextlib.contextmanager
+def _hf_errors(source: str) -> Iterator[None]:
+    """Loading and streaming an hf: source's failures (no network, a wrong name) as a DataError that says why."""
     try:
-        # Streaming reads only as much as is used, which matters with max_train_bytes on big corpora.
-        dd = datasets.load_dataset(name, config or None, streaming=True)
-        yield from _dict_rows(dd, f"Hugging Face dataset {spec!r}", cfg.text_field, "", fmt)
+        yield
     except DataError:
         raise
     except Exception as e:
         raise DataError(
-            f"Could not load the Hugging Face dataset {spec!r} ({type(e).__name__}: {e}). hf: sources "
-            "need network access to the Hugging Face Hub (or a warm cache) and a correct name/config. "
+            f"Could not load the Hugging Face dataset {source.removeprefix('hf:')!r} ({type(e).__name__}: {e}). "
+            "hf: sources need network access to the Hugging Face Hub (or a warm cache) and a correct name/config. "
             "Offline, download it elsewhere, save it with save_to_disk and pass that directory instead."
         ) from e
+
+
+def _hf_documents(cfg: DataConfig, fmt: str) -> Iterator[RawDoc]:
+    origin = f"Hugging Face dataset {cfg.source.removeprefix('hf:')!r}"
+    with _hf_errors(cfg.source):
+        dd = _hf_stream(cfg)
+        for name, split in _dict_splits(list(dd.keys()), origin):
+            yield from _dataset_documents(dd[name], f"{origin} [{name}]", cfg.text_field, fmt, f"{name}:", split)

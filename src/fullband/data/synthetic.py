@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -46,6 +47,14 @@ class SyntheticTask:
     """Base class: subclasses set `name` and implement `generate`."""
 
     name = "task"
+    # Bounds of integer fields, checked on construction: field -> (low, high, why the bounds).
+    ranges: ClassVar[dict[str, tuple[int, int, str]]] = {}
+
+    def __post_init__(self) -> None:
+        for field, (low, high, why) in self.ranges.items():
+            value = getattr(self, field)
+            if not low <= value <= high:
+                raise ConfigError(f"Synthetic task {self.name}: {field} must be {low}..{high}{why}, got {value}.")
 
     def generate(self, rng: random.Random) -> Example:
         raise NotImplementedError
@@ -60,19 +69,47 @@ class SyntheticTask:
         return []
 
 
-def _move_targets(example: Example, states: list[str]) -> list[tuple[int, str]]:
-    """Targets of a `<name> <one character per move> :` prompt: the state after each move."""
-    start = example.prompt.index(" ") + 1
-    return [(start + i, state) for i, state in enumerate(states)]
-
-
 def _moves(example: Example) -> str:
     """The moves of a `<name> <moves> :` prompt."""
     return example.prompt.split(" ", 1)[1].removesuffix(" :")
 
 
+def _counted_moves(example: Example) -> tuple[int, str]:
+    """The offset and the moves of a `<name> <number> : <moves> :` prompt."""
+    return example.prompt.index(" : ") + 3, example.prompt.split(" : ")[1].removesuffix(" :")
+
+
+def _state_answer(states: list[str], trace: bool) -> str:
+    """The answer of a state-tracking task: the final state, or with `trace` every state then `=> final`."""
+    return " " + " ".join(states) + " => " + states[-1] if trace else " " + states[-1]
+
+
 @dataclass(frozen=True)
-class Parity(SyntheticTask):
+class _MovesTask(SyntheticTask):
+    """A task whose prompt is `<name> <one character per move> :` and whose state is a function of the moves
+    so far; the answer is the final state (with `trace`, every state, see `answer`)."""
+
+    def draw_moves(self, rng: random.Random) -> str:
+        raise NotImplementedError
+
+    def states(self, moves: str) -> list[str]:
+        """The state after each move."""
+        raise NotImplementedError
+
+    def answer(self, states: list[str]) -> str:
+        return _state_answer(states, self.trace)
+
+    def generate(self, rng: random.Random) -> Example:
+        moves = self.draw_moves(rng)
+        return Example(f"{self.name} {moves} :", self.answer(self.states(moves)))
+
+    def targets(self, example: Example) -> list[tuple[int, str]]:
+        start = example.prompt.index(" ") + 1
+        return [(start + i, state) for i, state in enumerate(self.states(_moves(example)))]
+
+
+@dataclass(frozen=True)
+class Parity(_MovesTask):
     """Running parity of a bit string: `parity 1011 : 1101` (the XOR of the bits so far, bit by bit).
     With `trace=false` the answer is the final parity only (`parity 1011 : 1`)."""
 
@@ -81,21 +118,18 @@ class Parity(SyntheticTask):
     max_len: int = 64
     trace: bool = True
 
-    def generate(self, rng: random.Random) -> Example:
-        bits = [rng.randint(0, 1) for _ in range(rng.randint(self.min_len, self.max_len))]
-        running, acc = [], 0
-        for b in bits:
-            acc ^= b
-            running.append(acc)
-        answer = "".join(map(str, running)) if self.trace else str(acc)
-        return Example(f"parity {''.join(map(str, bits))} :", " " + answer)
+    def draw_moves(self, rng: random.Random) -> str:
+        return "".join(str(rng.randint(0, 1)) for _ in range(rng.randint(self.min_len, self.max_len)))
 
-    def targets(self, example: Example) -> list[tuple[int, str]]:
+    def states(self, moves: str) -> list[str]:
         states, acc = [], 0
-        for bit in _moves(example):
+        for bit in moves:
             acc ^= int(bit)
             states.append(str(acc))
-        return _move_targets(example, states)
+        return states
+
+    def answer(self, states: list[str]) -> str:
+        return " " + ("".join(states) if self.trace else states[-1])
 
 
 @dataclass(frozen=True)
@@ -141,14 +175,16 @@ class S5(SyntheticTask):
                 rng.shuffle(p)
                 perms.append(p)
                 names.append("".join(map(str, p)))
-        state, states = list(range(n)), []
+        moves = "".join(names) if self.generators else " ".join(names)
+        return Example(f"{self.name} {moves} :", _state_answer(self.states(perms), self.trace))
+
+    def states(self, perms: list[list[int]]) -> list[str]:
+        """The state (one-line notation) after each permutation, starting from the identity."""
+        state, states = list(range(self.degree)), []
         for p in perms:
             state = [p[x] for x in state]
             states.append("".join(map(str, state)))
-        moves = "".join(names) if self.generators else " ".join(names)
-        prompt = f"{self.name} {moves} :"
-        answer = " " + " ".join(states) + " => " + states[-1] if self.trace else " " + states[-1]
-        return Example(prompt, answer)
+        return states
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
         """The state (one-line notation) after each move, at the move's last character."""
@@ -161,11 +197,7 @@ class S5(SyntheticTask):
             for word in moves.split(" "):
                 spans.append((offset + len(word) - 1, [int(x) for x in word]))
                 offset += len(word) + 1
-        state, out = list(range(self.degree)), []
-        for offset, p in spans:
-            state = [p[x] for x in state]
-            out.append((offset, "".join(map(str, state))))
-        return out
+        return list(zip([offset for offset, _ in spans], self.states([p for _, p in spans])))
 
 
 @dataclass(frozen=True)
@@ -182,15 +214,10 @@ class Registers(SyntheticTask):
     """Multi-register latest-write: `regs b=3 a=7 b=1 ? b : 1` (the value of the last write to b)."""
 
     name = "registers"
+    ranges: ClassVar = {"num_registers": (1, 26, "")}
     num_registers: int = 4
     min_writes: int = 4
     max_writes: int = 32
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_registers <= 26:
-            raise ConfigError(
-                f"Synthetic task registers: num_registers must be 1..26, got {self.num_registers}."
-            )
 
     def generate(self, rng: random.Random) -> Example:
         names = "abcdefghijklmnopqrstuvwxyz"[: self.num_registers]
@@ -226,16 +253,10 @@ class Addition(SyntheticTask):
     """
 
     name = "addition"
+    ranges: ClassVar = {"trace_percent": (0, 100, " (the percent of examples that write the trace)")}
     min_digits: int = 1
     max_digits: int = 10
     trace_percent: int = 100
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.trace_percent <= 100:
-            raise ConfigError(
-                f"Synthetic task addition: trace_percent must be 0..100 (the percent of examples that write "
-                f"the trace), got {self.trace_percent}."
-            )
 
     def generate(self, rng: random.Random) -> Example:
         def number() -> int:
@@ -257,108 +278,77 @@ class Addition(SyntheticTask):
         return Example(f"add {a}+{b} :", " " + ", ".join(steps) + f" => {a + b}")
 
 
-def _state_answer(states: list[str], trace: bool) -> str:
-    """The answer of a state-tracking task: the final state, or with `trace` every state then `=> final`."""
-    return " " + " ".join(states) + " => " + states[-1] if trace else " " + states[-1]
-
-
 @dataclass(frozen=True)
-class SumMod(SyntheticTask):
+class SumMod(_MovesTask):
     """Running sum of digits modulo k: `summod 3104 : 3` (3+1+0+4 = 8 = 3 mod 5). Digits are 0..k-1.
     With `trace` the answer lists the running sum after every digit, then `=> final`."""
 
     name = "summod"
+    ranges: ClassVar = {"modulus": (2, 10, " (one digit per step)")}
     modulus: int = 5
     min_len: int = 8
     max_len: int = 32
     trace: bool = False
 
-    def __post_init__(self) -> None:
-        if not 2 <= self.modulus <= 10:
-            raise ConfigError(f"Synthetic task summod: modulus must be 2..10 (one digit per step), got {self.modulus}.")
+    def draw_moves(self, rng: random.Random) -> str:
+        return "".join(str(rng.randrange(self.modulus)) for _ in range(rng.randint(self.min_len, self.max_len)))
 
-    def generate(self, rng: random.Random) -> Example:
-        digits = [rng.randrange(self.modulus) for _ in range(rng.randint(self.min_len, self.max_len))]
+    def states(self, moves: str) -> list[str]:
         states, acc = [], 0
-        for d in digits:
-            acc = (acc + d) % self.modulus
+        for digit in moves:
+            acc = (acc + int(digit)) % self.modulus
             states.append(str(acc))
-        return Example(f"summod {''.join(map(str, digits))} :", _state_answer(states, self.trace))
-
-    def targets(self, example: Example) -> list[tuple[int, str]]:
-        states, acc = [], 0
-        for d in _moves(example):
-            acc = (acc + int(d)) % self.modulus
-            states.append(str(acc))
-        return _move_targets(example, states)
+        return states
 
 
 @dataclass(frozen=True)
-class FlipFlop(SyntheticTask):
+class FlipFlop(_MovesTask):
     """Flip-flop (Liu et al. 2023) with the read at the end: `flipflop 1..0..... : 0`. Each step is a
     write of a bit (`0`, `1`; probability `write_percent`%) or an ignore (`.`); the answer is the last
     written bit. The first step is always a write, so the gap from the last write to the read can span
     the whole sequence. With `trace` the answer lists the stored bit after every step, then `=> final`."""
 
     name = "flipflop"
+    ranges: ClassVar = {"write_percent": (1, 100, "")}
     write_percent: int = 10
     min_len: int = 8
     max_len: int = 32
     trace: bool = False
 
-    def __post_init__(self) -> None:
-        if not 1 <= self.write_percent <= 100:
-            raise ConfigError(f"Synthetic task flipflop: write_percent must be 1..100, got {self.write_percent}.")
+    def draw_moves(self, rng: random.Random) -> str:
+        return "".join(str(rng.randint(0, 1)) if i == 0 or rng.random() < self.write_percent / 100 else "."
+                       for i in range(rng.randint(self.min_len, self.max_len)))
 
-    def generate(self, rng: random.Random) -> Example:
-        steps, states, bit = [], [], ""
-        for i in range(rng.randint(self.min_len, self.max_len)):
-            if i == 0 or rng.random() < self.write_percent / 100:
-                bit = str(rng.randint(0, 1))
-                steps.append(bit)
-            else:
-                steps.append(".")
-            states.append(bit)
-        return Example(f"flipflop {''.join(steps)} :", _state_answer(states, self.trace))
-
-    def targets(self, example: Example) -> list[tuple[int, str]]:
+    def states(self, moves: str) -> list[str]:
         states, bit = [], ""
-        for step in _moves(example):
+        for step in moves:
             bit = bit if step == "." else step
             states.append(bit)
-        return _move_targets(example, states)
+        return states
 
 
 @dataclass(frozen=True)
-class Cycle(SyntheticTask):
+class Cycle(_MovesTask):
     """Cycle navigation (Delétang et al. 2023): start at 0 on a cycle of `size` positions; each step is
     `+` (one forward), `-` (one back) or `=` (stay); the answer is the final position: `cycle ++-+= : 2`.
     With `trace` the answer lists the position after every step, then `=> final`."""
 
     name = "cycle"
+    ranges: ClassVar = {"size": (2, 10, " (one digit per position)")}
     size: int = 5
     min_len: int = 8
     max_len: int = 32
     trace: bool = False
 
-    def __post_init__(self) -> None:
-        if not 2 <= self.size <= 10:
-            raise ConfigError(f"Synthetic task cycle: size must be 2..10 (one digit per position), got {self.size}.")
+    def draw_moves(self, rng: random.Random) -> str:
+        return "".join(rng.choice("+-=") for _ in range(rng.randint(self.min_len, self.max_len)))
 
-    def generate(self, rng: random.Random) -> Example:
-        steps = [rng.choice("+-=") for _ in range(rng.randint(self.min_len, self.max_len))]
+    def states(self, moves: str) -> list[str]:
         states, pos = [], 0
-        for step in steps:
+        for step in moves:
             pos = (pos + {"+": 1, "-": -1, "=": 0}[step]) % self.size
             states.append(str(pos))
-        return Example(f"cycle {''.join(steps)} :", _state_answer(states, self.trace))
-
-    def targets(self, example: Example) -> list[tuple[int, str]]:
-        states, pos = [], 0
-        for step in _moves(example):
-            pos = (pos + {"+": 1, "-": -1, "=": 0}[step]) % self.size
-            states.append(str(pos))
-        return _move_targets(example, states)
+        return states
 
 
 @dataclass(frozen=True)
@@ -368,13 +358,10 @@ class Completion(SyntheticTask):
     the end: `completion 4 : bdbad : 3`. Lengths are drawn so that about half the lists get complete."""
 
     name = "completion"
+    ranges: ClassVar = {"items": (2, 9, " (one digit per count)")}
     items: int = 4
     min_len: int = 2
     max_len: int = 16
-
-    def __post_init__(self) -> None:
-        if not 2 <= self.items <= 9:
-            raise ConfigError(f"Synthetic task completion: items must be 2..9 (one digit per count), got {self.items}.")
 
     def generate(self, rng: random.Random) -> Example:
         letters = "abcdefghi"[: self.items]
@@ -382,8 +369,7 @@ class Completion(SyntheticTask):
         return Example(f"completion {self.items} : {steps} :", f" {len(set(steps))}")
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
-        steps = example.prompt.split(" : ")[1].removesuffix(" :")
-        start = example.prompt.index(" : ") + 3
+        start, steps = _counted_moves(example)
         return [(start + i, str(len(set(steps[: i + 1])))) for i in range(len(steps))]
 
 
@@ -407,8 +393,7 @@ class Delayed(SyntheticTask):
         return Example(f"delayed {self.delay} : {digits} :", f" {digits[-1 - self.delay]}")
 
     def targets(self, example: Example) -> list[tuple[int, str]]:
-        digits = example.prompt.split(" : ")[1].removesuffix(" :")
-        start = example.prompt.index(" : ") + 3
+        start, digits = _counted_moves(example)
         return [(start + i, digits[i - self.delay]) for i in range(self.delay, len(digits))]
 
 
@@ -485,13 +470,17 @@ def state_tracking_task(name: str, min_moves: int, max_moves: int, trace: bool =
 
 def export_jsonl(task: str | SyntheticTask, path: str | Path, n: int, seed: int) -> Path:
     """Write `n` examples as `{"prompt": ..., "answer": ...}` lines (the record format `fullband train`
-    reads from .jsonl sources). Same task and seed, same file. Written to a temporary file first, so an
-    interrupted export leaves no half-written file under `path`."""
+    reads from .jsonl sources). Same task and seed, same file."""
+    return write_jsonl(({"prompt": ex.prompt, "answer": ex.answer} for ex in synthetic_examples(task, n, seed)), path)
+
+
+def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
+    """Write records as JSON Lines, to a temporary file first, so an interrupted write leaves no half-written
+    file under `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     with partial.open("w") as f:
-        for ex in synthetic_examples(task, n, seed):
-            f.write(json.dumps({"prompt": ex.prompt, "answer": ex.answer}) + "\n")
+        f.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     partial.replace(path)
     return path
