@@ -23,7 +23,7 @@ import sys
 import time
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import yaml
 
 from fullband.bench.tasks import read_jsonl_records
 from fullband.config import coerce
+from fullband.data.config import described
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate
@@ -47,53 +48,49 @@ from fullband.train.tracking import RunLog
 CONFIG_NAME = "config.yaml"  # OUT_DIR/config.yaml: {"rl": the RLConfig}, as fullband train saves its own
 
 
-def _f(default: Any, help: str) -> Any:
-    if isinstance(default, dict):
-        return field(default_factory=dict, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class RLConfig:
-    model: str = _f("", "run directory, checkpoint or model directory (with its tokenizer) to start from")
-    data: str = _f("", "training records: JSONL of {\"prompt\": ..., \"answer\": ...}")
-    val_data: str = _f("", "held-out records (same format) for the greedy accuracy in eval.jsonl ('' = none)")
-    reward: str = _f("exact", f"reward function: {REWARD_KINDS} (fullband.rl.rewards)")
-    allow_unsandboxed: bool = _f(False, "code reward: run programs under the resource-limit guard where "
+    model: str = described("", "run directory, checkpoint or model directory (with its tokenizer) to start from")
+    data: str = described("", "training records: JSONL of {\"prompt\": ..., \"answer\": ...}")
+    val_data: str = described("", "held-out records (same format) for the greedy accuracy in eval.jsonl ('' = none)")
+    reward: str = described("exact", f"reward function: {REWARD_KINDS} (fullband.rl.rewards)")
+    allow_unsandboxed: bool = described(False, "code reward: run programs under the resource-limit guard where "
                                         "bubblewrap cannot run (not a security boundary)")
-    decode_mode: str = _f("", "rollout decode mode (standard, soft, fused:N, fused:auto, fused:exact); '' = the "
-                              "model's stored setting; checkpoints store it")
-    score_mode: str = _f("", "ablation only: the decode mode whose log-probabilities the loss uses ('' = the rollout "
-                             "mode, the right one); 'standard' is what a trainer that ignores the mode computes")
-    steps: int = _f(100, "RL steps; each samples new rollouts and makes updates_per_step optimizer updates")
-    prompts_per_step: int = _f(8, "records drawn per step")
-    group_size: int = _f(8, "rollouts per record (the G of GRPO)")
-    max_new_tokens: int = _f(16, "longest rollout, in tokens (a rollout ends at the tokenizer's EOS)")
-    temperature: float = _f(1.0, "sampling temperature of the rollouts (the log-probabilities use the same)")
-    updates_per_step: int = _f(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
-    lr: float = _f(1e-4, "AdamW learning rate (constant)")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    grad_clip: float = _f(1.0, "clip the gradient norm to this (0 = off)")
-    clip_low: float = _f(0.2, "ratio clip below: 1 - clip_low")
-    clip_high: float = _f(0.2, "ratio clip above: 1 + clip_high (DAPO: 0.28, above clip_low)")
-    kl_coef: float = _f(0.0, "weight β of the k3 KL to the starting model (0 = no reference model)")
-    loss_aggregation: str = _f("sequence", "'sequence' (GRPO: mean per rollout, then over rollouts) or 'token' "
-                                           "(DAPO: mean over all tokens)")
-    scale_rewards: str = _f("group", "'group': advantages divided by the group's reward std; 'none' (Dr. GRPO)")
-    dynamic_sampling: bool = _f(False, "DAPO: drop the groups whose rewards are all equal (no signal)")
-    seed: int = _f(0, "seed of the record draws and the rollouts' sampling")
-    device: str = _f("auto", "'auto' (cuda if available), 'cpu', 'cuda', ...")
-    eval_every: int = _f(0, "greedy accuracy on val_data every N steps, and before the first (0 = at the end only)")
-    eval_prompts: int = _f(200, "held-out records graded per evaluation (the first N of val_data)")
-    eval_batch_size: int = _f(64, "prompts per generate call in evaluation")
-    ckpt_every: int = _f(0, "write a checkpoint every N steps (0 = at the end only)")
-    keep_checkpoints: int = _f(2, "how many most recent checkpoints to keep")
-    stop_after_steps: int = _f(0, "stop (with a checkpoint) after this many steps of this invocation (0 = run "
-                                  "to the end); for preemptible jobs and resume tests")
-    progress: bool = _f(True, "show a progress bar with reward and accuracy")
-    log_every: int = _f(10, "print a line every N steps when there is no progress bar")
-    tensorboard: bool = _f(False, "also write TensorBoard events to OUT_DIR/tensorboard")
-    wandb: dict = _f({}, "W&B logging: {project: P, name: N, tags: [...]}; {} = off")
+    decode_mode: str = described("", "rollout decode mode (standard, soft, fused:N, fused:auto, fused:exact); '' = "
+                                 "the model's stored setting; checkpoints store it")
+    score_mode: str = described("", "ablation only: the decode mode whose log-probabilities the loss uses ('' = the "
+                                "rollout mode, the right one); 'standard' is what a trainer that ignores the mode "
+                                "computes")
+    steps: int = described(100, "RL steps; each samples new rollouts and makes updates_per_step optimizer updates")
+    prompts_per_step: int = described(8, "records drawn per step")
+    group_size: int = described(8, "rollouts per record (the G of GRPO)")
+    max_new_tokens: int = described(16, "longest rollout, in tokens (a rollout ends at the tokenizer's EOS)")
+    temperature: float = described(1.0, "sampling temperature of the rollouts (the log-probabilities use the same)")
+    updates_per_step: int = described(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
+    lr: float = described(1e-4, "AdamW learning rate (constant)")
+    weight_decay: float = described(0.0, "AdamW weight decay")
+    grad_clip: float = described(1.0, "clip the gradient norm to this (0 = off)")
+    clip_low: float = described(0.2, "ratio clip below: 1 - clip_low")
+    clip_high: float = described(0.2, "ratio clip above: 1 + clip_high (DAPO: 0.28, above clip_low)")
+    kl_coef: float = described(0.0, "weight β of the k3 KL to the starting model (0 = no reference model)")
+    loss_aggregation: str = described("sequence", "'sequence' (GRPO: mean per rollout, then over rollouts) or 'token' "
+                                      "(DAPO: mean over all tokens)")
+    scale_rewards: str = described("group", "'group': advantages divided by the group's reward std; 'none' (Dr. GRPO)")
+    dynamic_sampling: bool = described(False, "DAPO: drop the groups whose rewards are all equal (no signal)")
+    seed: int = described(0, "seed of the record draws and the rollouts' sampling")
+    device: str = described("auto", "'auto' (cuda if available), 'cpu', 'cuda', ...")
+    eval_every: int = described(0, "greedy accuracy on val_data every N steps, and before the first (0 = at the end "
+                                "only)")
+    eval_prompts: int = described(200, "held-out records graded per evaluation (the first N of val_data)")
+    eval_batch_size: int = described(64, "prompts per generate call in evaluation")
+    ckpt_every: int = described(0, "write a checkpoint every N steps (0 = at the end only)")
+    keep_checkpoints: int = described(2, "how many most recent checkpoints to keep")
+    stop_after_steps: int = described(0, "stop (with a checkpoint) after this many steps of this invocation (0 = run "
+                                       "to the end); for preemptible jobs and resume tests")
+    progress: bool = described(True, "show a progress bar with reward and accuracy")
+    log_every: int = described(10, "print a line every N steps when there is no progress bar")
+    tensorboard: bool = described(False, "also write TensorBoard events to OUT_DIR/tensorboard")
+    wandb: dict = described({}, "W&B logging: {project: P, name: N, tags: [...]}; {} = off")
 
     def validate(self) -> None:
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "updates_per_step",
