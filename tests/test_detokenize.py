@@ -148,3 +148,8 @@ def test_fullband_chat_streams_incrementally(counted, capsys):
     assert len(answer) > 30
     assert capsys.readouterr().out.endswith("assistant> " + tokenizer.decode(answer) + "\n")
     assert max(tokenizer.decoded[:-1] + stepped) <= LONGEST_WINDOW
+
+
+def test_an_id_the_tokenizer_cannot_decode_is_a_clear_error():
+    with pytest.raises(ValueError, match="cannot decode token id 8589934592"):
+        StreamingDetokenizer(ByteTokenizer()).add(2**33)

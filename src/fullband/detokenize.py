@@ -61,7 +61,9 @@ class StreamingDetokenizer:
         self._waiting.append(token)
         try:
             piece = self._stream.step(self.tokenizer._tok, token)
-        except Exception:  # tokenizers raises a bare Exception when the decoder rewrote the context's text
+        except Exception as exc:  # tokenizers raises a bare Exception when the decoder rewrote the context's text
+            if not self._context:  # nothing released to rewrite: the ids themselves cannot be decoded
+                raise ValueError(f"cannot decode token id {token}: {exc}") from None
             # E.g. a byte-fallback decoder that turns a whole run of byte tokens into U+FFFD once it is not UTF-8,
             # text already released included: that cannot be taken back, so the waiting ids stream anew after it.
             return self._restream(self._waiting)

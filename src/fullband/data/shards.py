@@ -109,9 +109,10 @@ def _fsync_close(f) -> None:
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
-    f = open(path, "wb")
-    f.write(data)
-    _fsync_close(f)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _ShardWriter:
@@ -268,19 +269,21 @@ def _verified_unit(unit_dir: Path, unit: Unit) -> dict | None:
     return None if any(_file_problem(unit_dir / name, entry) for name, entry in files) else info
 
 
-# The tokenizer of a worker process, loaded once when it starts.
+# The tokenizer of a worker process, loaded by its first task: an error loading it reaches the parent through that
+# task, where a failing pool initializer would only be restarted, forever.
 _WORKER_TOKENIZER: Tokenizer | None = None
 
 
-def _worker_init(tok_dir: str) -> None:
-    global _WORKER_TOKENIZER
+def _worker_init() -> None:
     # One process per core: the Rust tokenizer's own thread pool would only oversubscribe the cores.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _WORKER_TOKENIZER = load_tokenizer(tok_dir)
 
 
-def _unit_task(task: tuple[dict, Unit, str, str]) -> dict:
-    cfg, unit, fmt, unit_dir = task
+def _unit_task(task: tuple[dict, Unit, str, str, str]) -> dict:
+    global _WORKER_TOKENIZER
+    cfg, unit, fmt, unit_dir, tok_dir = task
+    if _WORKER_TOKENIZER is None:
+        _WORKER_TOKENIZER = load_tokenizer(tok_dir)
     return tokenize_unit(DataConfig.from_dict(cfg), unit, fmt, _WORKER_TOKENIZER, Path(unit_dir))
 
 
@@ -301,15 +304,16 @@ def _tokenize_units(cfg: DataConfig, units: list[Unit], fmt: str, out_dir: Path,
     units_dir = out_dir / UNITS_DIR
     caps = {split: byte_cap(cfg, split) for split in SPLITS}
     seen = dict.fromkeys(SPLITS, 0)
-    tasks = ((cfg.to_dict(), units[i], fmt, str(units_dir / _unit_name(i))) for i in range(len(units)) if i not in done)
+    tok_dir = str(out_dir / TOKENIZER_DIR)
+    tasks = ((cfg.to_dict(), units[i], fmt, str(units_dir / _unit_name(i)), tok_dir)
+             for i in range(len(units)) if i not in done)
     infos: list[dict] = []
-    pool = (_process_context().Pool(workers, initializer=_worker_init, initargs=(str(out_dir / TOKENIZER_DIR),))
-            if workers > 1 and len(units) > 1 else None)
+    pool = _process_context().Pool(workers, initializer=_worker_init) if workers > 1 and len(units) > 1 else None
     finished = False
     try:
         # imap keeps unit order; a single process reads the units itself, with the tokenizer in memory.
         results = pool.imap(_unit_task, tasks) if pool else (
-            tokenize_unit(cfg, unit, fmt, tok, Path(unit_dir)) for _, unit, _, unit_dir in tasks)
+            tokenize_unit(cfg, unit, fmt, tok, Path(unit_dir)) for _, unit, _, unit_dir, _ in tasks)
         for i in range(len(units)):
             if all(caps[s] is not None and seen[s] >= caps[s] for s in SPLITS):
                 break  # the rest of the corpus is past both caps: not read at all

@@ -467,11 +467,24 @@ def _jsonl_ranges(path: Path, unit_bytes: int | None) -> list[tuple[int, int | N
     with open(path, "rb") as f:
         while start < size:
             # Up to the first newline at or after byte start + unit_bytes - 1: the next start is a line start.
-            data = f.read(unit_bytes - 1) + f.readline()
-            stop = start + len(data)
+            f.seek(start + unit_bytes - 1)
+            f.readline()
+            stop = f.tell()
             ranges.append((start, stop if stop < size else None, line))  # the last unit reads to the end
-            start, line = stop, line + data.count(b"\n")
+            f.seek(start)
+            line += sum(chunk.count(b"\n") for chunk in _chunks(f, stop - start))
+            start = stop
     return ranges
+
+
+def _chunks(f: io.BufferedIOBase, n: int, size: int = 2**24) -> Iterator[bytes]:
+    """The next ``n`` bytes of ``f``, ``size`` at a time."""
+    while n > 0:
+        chunk = f.read(min(size, n))
+        if not chunk:
+            return
+        n -= len(chunk)
+        yield chunk
 
 
 def _single_text_documents(path: Path, val_fraction: float) -> Iterator[RawDoc]:
