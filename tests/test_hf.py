@@ -411,7 +411,8 @@ def test_a_converted_model_decodes_in_standard_mode_until_trained(tmp_path):
     out = hf.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
     ref = fb_generate(model, ids, 4, mode="fused", fused_passes="auto", fused_max_passes=5)
     assert torch.equal(out.sequences[:, 6:], ref)
-    assert out.past_key_values.settings == DecodeSettings("fused", "auto", fused_max_passes=5)
+    # By value: the export's remote code has its own copy of the DecodeSettings class (fullband_decoding.py).
+    assert out.past_key_values.settings.to_dict() == DecodeSettings("fused", "auto", fused_max_passes=5).to_dict()
     with pytest.raises(ConfigError, match="fused_passes must be an integer >= 1, 'auto' or 'exact', got 0"):
         export_hf(dst, tmp_path / "bad", fused_passes=0)
 

@@ -52,17 +52,19 @@ def left_pad(
     optional attention mask, padded on either side) or token-id lists of any lengths."""
     device = None
     if isinstance(input_ids, torch.Tensor):
-        ids, device = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids, input_ids.device
+        ids = input_ids.unsqueeze(0) if input_ids.dim() == 1 else input_ids
+        device = input_ids.device
         if ids.dim() != 2:
             raise ValueError(f"input_ids must be 1-D or 2-D, got shape {tuple(input_ids.shape)}")
         if attention_mask is None:
-            input_ids = ids.tolist()
+            rows = ids.tolist()
         elif attention_mask.shape == ids.shape:
-            input_ids = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
+            rows = [row[m.bool()].tolist() for row, m in zip(ids, attention_mask)]
         else:
             raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape "
                              f"{tuple(ids.shape)}")
-    rows = [list(row) for row in input_ids]
+    else:
+        rows = [list(row) for row in input_ids]
     if not rows:
         raise ValueError("generate() needs at least one prompt")
     for i, row in enumerate(rows):
@@ -288,6 +290,7 @@ class Engine:
         else:
             self._adjuster.extend(adjuster)
         self._rows.extend(group)
+        self._n_standard += sum(seq.decode.mode == "standard" for seq in group)
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _ensure_room(self) -> None:
@@ -355,12 +358,14 @@ class Engine:
         self._adjuster: BatchAdjuster | None = None  # the rows' sampling fields and token history
         # Per-row tensors of the running batch, in the order of self._rows.
         self._logits = self._state = self._positions = self._plain = None
+        self._n_standard = 0  # rows in standard mode: counted as rows join and leave, not at every step
 
     def _remove_rows(self, keep: list[int]) -> None:
         if not keep:
             self._clear_batch()
             return
         self._rows = [self._rows[i] for i in keep]
+        self._n_standard = sum(seq.decode.mode == "standard" for seq in self._rows)
         index = torch.tensor(keep, device=self.device)
         self._cache.select_rows(index)
         self._adjuster.select(keep)
@@ -369,11 +374,11 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor) -> None:
         self._ensure_room()
-        standard = sum(seq.decode.mode == "standard" for seq in self._rows)
+        standard, rows = self._n_standard, len(self._rows)
         out = self.model(
             tokens.unsqueeze(1),
-            feedback=None if standard == len(self._rows) else self._state,
-            plain_mask=self._plain if 0 < standard < len(self._rows) else None,
+            feedback=None if standard == rows else self._state,
+            plain_mask=self._plain if 0 < standard < rows else None,
             position_ids=self._positions,
             past_key_values=self._cache,
             use_cache=True,

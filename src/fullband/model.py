@@ -823,9 +823,10 @@ class FullBandLM(nn.Module):
     ) -> dict[int | None, torch.Tensor | None]:
         """Boolean SDPA masks (True = may attend) of queries at columns start .. start + T - 1, keyed by window size
         (None = full attention): the rule of every forward and every recurrence step. A query sees the keys at or
-        before it, inside its window, of its own document (``segment_ids`` (B, start + T)) and real (``key_mask``,
-        (B, start + T)); always itself, so a padding row never has every key masked (NaN in SDPA). The keys are all
-        columns from 0, or with ``windowed_keys`` (one query, a ``StepKeys``) only those inside each window.
+        before it, inside its window, of its own document (``segment_ids``, (B, n) over the columns from 0) and real
+        (``key_mask``, (B, start + T)); always itself, so a padding row never has every key masked (NaN in SDPA).
+        The keys are all columns from 0, or with ``windowed_keys`` (one query, a ``StepKeys``) only those inside each
+        window.
 
         A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
         """

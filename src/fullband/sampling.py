@@ -103,7 +103,7 @@ def check_request(
 ) -> LogitsAdjustments:
     """Raise ``RequestError`` naming the first parameter of ``params`` that a model of ``config`` (its ``vocab_size``
     and ``max_seq_len``) cannot serve within a door's ``limits``; return the request's checked logits adjustments.
-    ``prompts``: token-id rows, or a (B, T) tensor of rows padded with valid ids."""
+    ``prompts``: token-id rows, or a (T,) or (B, T) tensor of rows padded with valid ids."""
     budget = limits.max_tokens_name
     max_tokens, temperature, top_k, top_p = params.max_tokens, params.temperature, params.top_k, params.top_p
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
@@ -126,7 +126,7 @@ def check_request(
         raise RequestError(f"{limits.logprobs_name} must be between 0 and {limits.max_logprobs}, got {logprobs}",
                            limits.logprobs_name)
     if isinstance(prompts, torch.Tensor):
-        prompts = prompts.tolist()
+        prompts = (prompts.unsqueeze(0) if prompts.dim() == 1 else prompts).tolist()
     if any(len(row) == 0 for row in prompts):
         raise RequestError("the prompt is empty: it needs at least one token (e.g. a BOS token)", "prompt")
     length = max(len(row) for row in prompts)

@@ -113,6 +113,9 @@ def export_hf(
     config.save_pretrained(dst)
     generation_config.save_pretrained(dst)
     # The names FullBandForCausalLM gives the weights (FullBandLM under `model`); safetensors writes mode 0600.
+    # Shards and their index from an earlier export into dst would otherwise be loaded instead.
+    for stale in dst.glob("model*.safetensors*"):
+        stale.unlink()
     weights = dst / "model.safetensors"
     save_file({f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}, weights, {"format": "pt"})
     os.chmod(weights, ordinary_file_mode())

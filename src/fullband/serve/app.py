@@ -503,7 +503,8 @@ async def chat(req: ChatRequest, request: Request, served: ServedBy):
     ends = [*end_of_turn_ids(served.tokenizer), served.tokenizer.eos_id]
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     asked = served.sampling(req, max_tokens, logprobs, ends)
-    return await answer(served, request, req, [prompt], asked, CHAT_LIMITS, Answer(served, True, req.logprobs))
+    return await answer(served, request, req, [prompt], asked, CHAT_LIMITS,
+                        Answer(served, chat=True, logprobs=req.logprobs))
 
 
 # ---- errors: OpenAI-style bodies -------------------------------------------------------------------------------

@@ -245,8 +245,9 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.logits_processor = LogitsProcessor(self.config.vocab_size)
         self.feedback = None
         if self.settings.mode != "standard":
-            passes = self.settings.prefill_passes  # fused:exact's prompt goes token by token: no passes over it
+            passes = self.settings.prefill_passes
             # Named like a layer after the stack: vLLM reads a layer index from every state layer's name.
+            # fused:exact's prompt goes token by token: no passes over it.
             self.feedback = FeedbackState(self.config.d_model, vllm_config.model_config.dtype,
                                           0 if passes == EXACT else passes,
                                           maybe_prefix(prefix, f"model.layers.{self.config.n_layers}.feedback_state"))
