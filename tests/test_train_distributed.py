@@ -166,3 +166,15 @@ def test_sequential_exact_mode_under_ddp_equals_one_jacobi_process(tmp_path):
     for a, b in zip(one, two):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+def test_fsdp_finds_the_tensors_of_the_models_output():
+    """FSDP2 unshards a module's parameters before their backward through hooks on the tensors of its output;
+    torch 2.11 finds them with pytree, where an unregistered dataclass is one leaf: a multi-pass step under
+    fully_shard then fails in its backward ("storage of size 0"). torch 2.13 passes either way, so this checks
+    the registration itself."""
+    from fullband.model import ModelOutput
+
+    logits, hidden = torch.zeros(1, 2, 3, requires_grad=True), torch.zeros(1, 2, 4, requires_grad=True)
+    leaves, _ = torch.utils._pytree.tree_flatten(ModelOutput(logits=logits, hidden=hidden))
+    assert any(leaf is logits for leaf in leaves) and any(leaf is hidden for leaf in leaves)

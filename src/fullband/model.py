@@ -322,6 +322,12 @@ class ModelOutput:
     converged: torch.Tensor | None = None
 
 
+# FSDP2 unshards a module's parameters again before their backward through hooks on the tensors of its output,
+# which torch 2.11 finds with pytree: a dataclass it does not know is a leaf there, so the model's parameters stay
+# freed and a multi-pass step under fully_shard fails in its backward. torch 2.13 walks dataclasses itself.
+torch.export.register_dataclass(ModelOutput)
+
+
 @dataclass
 class MultipassOutput:
     logits: list[torch.Tensor]  # one (B, T, V) tensor per pass
