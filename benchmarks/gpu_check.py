@@ -10,17 +10,23 @@ Subcommands:
 - ``hf``: per-token greedy decode time of fullband (standard, soft) and Hugging Face ``generate`` on the
   same random Llama weights (converted with ``fullband.hf.convert_from_hf``), and whether the greedy
   tokens agree.
-- ``dist-worker``: run under ``torchrun --nproc_per_node=2``: NCCL between two processes on one GPU, then
-  a few DDP and FSDP2 multi-pass training steps; rank 0 writes the result.
-- ``report``: merge every JSON in --out.
+- ``dist-worker``: run under ``torchrun --nproc_per_node=2``: an all-reduce between two processes on one GPU
+  (``--backend nccl`` or ``gloo``), then a few DDP and FSDP2 multi-pass training steps; rank 0 writes the result.
+- ``report``: merge every JSON in --out, with the figures far from what a user expects named
+  (``expectations``): MFU under 40% at 125M compiled, soft decoding over 5% slower per token than standard,
+  a decode step that costs about the same at batch 64 as at batch 1 (per-step overhead dominating).
+
+The exact-recurrence part and the decode part are benchmarks/state_tracking_models.py and benchmarks/decode.py,
+which write their own JSON into the same folder; the report reads them.
 
 Model FLOPs (per token, per pass; the usual 6·N + attention count, ``scaling_plan.train_flops_per_token``):
 6·(N_matrix + V·D) for the weight matrices and the LM head, plus 12·L·D·T for attention scores and values
 (forward + backward; causal masking not discounted), plus 6·2·D² for the fusion in passes ≥ 2. MFU divides by
-the H200's dense bf16 peak, 989 TFLOP/s (``--peak-tflops``). The report's "measured MFU" line is the paper
-schedule's 75/22/3 mix of the K = 1, 2, 3 steps, the figure ``scaling_plan.py --mfu`` takes (docs/scaling.md).
+the GPU's dense bf16 peak (``PEAK_BF16_TFLOPS`` by name, e.g. 989 TFLOP/s for an H100 SXM or an H200;
+``--peak-tflops`` to set it). The report's "measured MFU" line is the paper schedule's 75/22/3 mix of the
+K = 1, 2, 3 steps, the figure ``scaling_plan.py --mfu`` takes (docs/scaling.md).
 
-``--device cpu --tiny`` runs every piece on tiny sizes (the CPU test does).
+``--device cpu --tiny`` runs every piece on tiny sizes (``gpu_check.sh --dry-run`` and the CPU test do).
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ from train_step import forward_backward
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 
-H200_BF16_DENSE_TFLOPS = 989.0
+# dense bf16 peak, TFLOP/s, by a part of the GPU's name (the first that matches; NVIDIA's data sheets)
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0,
+                    "B200": 2250.0, "A100": 312.0, "L40S": 362.0}
+DEFAULT_PEAK_TFLOPS = 989.0
 MODEL_125M = dict(vocab_size=50304, d_model=768, n_layers=12, n_heads=12, d_ff=2048)
 TINY_MODEL = dict(vocab_size=256, d_model=32, n_layers=2, n_heads=2, d_ff=64)
 # label -> (train_step variant, passes)
@@ -126,19 +135,29 @@ def measure_train(model_kwargs: dict, batch: int, seq: int, device: torch.device
     return {"variants": results, "ratios": ratios}
 
 
+def peak_tflops(device: torch.device) -> tuple[float, str]:
+    """The device's dense bf16 peak in TFLOP/s and where the figure comes from."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    for key, peak in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return peak, f"{name}: {key} dense bf16"
+    return DEFAULT_PEAK_TFLOPS, f"{name}: not in PEAK_BF16_TFLOPS, assumed an H100 SXM's dense bf16"
+
+
 def cmd_train(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
+    peak, peak_source = (args.peak_tflops, "--peak-tflops") if args.peak_tflops else peak_tflops(device)
     model_kwargs = TINY_MODEL if args.tiny else MODEL_125M
     batch, seq = (2, 16) if args.tiny else (args.batch, args.seq)
     n_params = FullBandLM(FullBandConfig(max_seq_len=seq, **model_kwargs)).num_parameters()
     payload = {"model": model_kwargs, "parameters": n_params, "batch": batch, "seq_len": seq,
                "dtype": "bf16 autocast", "steps": args.steps, "warmup": args.warmup,
-               "peak_tflops": args.peak_tflops, "runs": {}}
+               "peak_tflops": peak, "peak_source": peak_source, "runs": {}}
     for compile_model in ([False] if args.no_compile else [False, True]):
         key = "compiled" if compile_model else "eager"
         try:
             payload["runs"][key] = measure_train(model_kwargs, batch, seq, device, args.steps, args.warmup,
-                                                 compile_model, args.peak_tflops)
+                                                 compile_model, peak)
         except Exception as exc:  # a failing compile must not hide the eager figures
             payload["runs"][key] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         write_json(Path(args.out), "train", payload)  # the eager figures survive a time limit hit while compiling
@@ -212,7 +231,7 @@ def cmd_dist_worker(args: argparse.Namespace) -> dict | None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = args.backend if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     result: dict = {"backend": backend, "world_size": world, "device": str(device)}
@@ -279,21 +298,74 @@ def _dist_steps(parallel: str, device: torch.device, rank: int, world: int, tiny
 
 # ---- report --------------------------------------------------------------------------------------
 
+COMPILED_EXACT = "FBT (preset, compiled steps)"  # state_tracking_models.py's name for the compiled recurrence
+
 
 def cmd_report(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     parts = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem != "gpu_check"}
+    parts["expectations"] = expectations(parts)
     (out / "gpu_check.json").write_text(json.dumps(parts, indent=1) + "\n")
     (out / "gpu_check.md").write_text(markdown(parts))
     print(markdown(parts))
     return {}
 
 
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}–{max(values):.3f})"
+
+
+def decode_rows(decode: dict) -> list[dict]:
+    """One row per model and batch of benchmarks/decode.py's JSON: per-token ms and soft/standard."""
+    rows = []
+    for model, body in decode["results"].items():
+        for batch, result in body["batches"].items():
+            modes = result["modes"]
+            rows.append({"model": model, "batch": int(batch), "fusion_share": body["macs_per_token"]["fusion_share"],
+                         "standard_ms": modes["standard"]["per_token_s"]["median"] * 1e3,
+                         "soft_ms": modes["soft"]["per_token_s"]["median"] * 1e3,
+                         "soft_over_standard": modes["soft"]["per_token_ratio"]})
+    return rows
+
+
+def expectations(parts: dict) -> list[str]:
+    """The figures far from what a user expects, each with the figure and what would fix it."""
+    found = []
+    compiled = parts.get("train", {}).get("runs", {}).get("compiled", {})
+    if "variants" in compiled:
+        mfu = compiled["variants"]["K=1"]["mfu"]
+        if mfu < 0.40:
+            found.append(f"training MFU at 125M, compiled, K=1: {mfu:.1%}, under 40%: at this size the attention "
+                         "and the LM head's cross-entropy weigh more than the matmuls; a larger batch, a fused "
+                         "cross-entropy and FlashAttention's kernels are where it would come back")
+    rows = decode_rows(parts["decode"]) if "decode" in parts else []
+    for row in rows:
+        ratio = row["soft_over_standard"]["median"]
+        if ratio > 1.05:
+            share = row["fusion_share"]
+            cause = ("the fusion's kernels cost more than their arithmetic (per-call overhead): running the step "
+                     "as one CUDA graph, or the GLU as one fused kernel, would remove it"
+                     if ratio - 1 > 2 * share else "that is the fusion's own arithmetic")
+            found.append(f"soft decoding {ratio:.3f}× standard per token ({row['model']}, batch {row['batch']}), "
+                         f"the fusion {share:.1%} of the step's multiply-adds: {cause}")
+    by_model: dict[str, dict[int, float]] = {}
+    for row in rows:
+        by_model.setdefault(row["model"], {})[row["batch"]] = row["standard_ms"]
+    for model, per_batch in by_model.items():
+        low, high = min(per_batch), max(per_batch)
+        if high >= 8 * low and per_batch[high] < 1.5 * per_batch[low]:
+            found.append(f"{model}: a standard decode step takes {per_batch[low]:.2f} ms at batch {low} and "
+                         f"{per_batch[high]:.2f} ms at batch {high}: per-step overhead (Python, kernel launches), "
+                         "not the GPU's work, sets the time; capturing the step in a CUDA graph "
+                         "(torch.compile mode='reduce-overhead') would remove most of it")
+    return found
+
+
 def markdown(parts: dict) -> str:
     lines = ["# GPU check", ""]
     info = parts.get("info", {})
     lines.append(f"GPU: {info.get('gpu', 'none')}; torch {info.get('torch')}, CUDA {info.get('cuda')}, "
-                 f"cuDNN {info.get('cudnn')}, NCCL {info.get('nccl')}")
+                 f"cuDNN {info.get('cudnn')}, NCCL {info.get('nccl')}, Python {info.get('python')}")
     for name in ("tests_float32", "tests_bf16"):
         if name in parts:
             t = parts[name]
@@ -303,7 +375,7 @@ def markdown(parts: dict) -> str:
     if train:
         lines += ["", f"## Training, {train['parameters'] / 1e6:.1f}M parameters, batch {train['batch']} × "
                   f"{train['seq_len']} tokens, bf16 autocast; MFU against {train['peak_tflops']} TFLOP/s "
-                  "(H200 dense bf16)", "",
+                  f"({train.get('peak_source', 'dense bf16')})", "",
                   "| run | variant | tokens/s | step ms | model TFLOP/s | MFU | peak GiB |",
                   "|---|---|---|---|---|---|---|"]
         for run, body in train["runs"].items():
@@ -315,6 +387,32 @@ def markdown(parts: dict) -> str:
                              f"{v['model_tflops_per_s']} | {v['mfu']:.1%} | {v['peak_memory_gib']} |")
             lines.append(f"| {run} | ratios | {', '.join(f'{k} {r}' for k, r in body['ratios'].items())} | | | | |")
         lines += ["", measured_mfu_line(train)]
+    exact = parts.get("exact")
+    if exact:
+        results = exact["results"]
+        lines += ["", f"## Exact-recurrence training step against one pass (state-tracking preset, batch "
+                  f"{exact['batch'][0]} × {exact['batch'][1] - 1} tokens, {exact['steps']} steps × "
+                  f"{exact['repeats']} repetitions; ratios paired within a repetition, median (min–max))", "",
+                  "| model | ms per step | × the transformer's (one pass) | grading s |", "|---|---|---|---|"]
+        one_pass = results["transformer"]["step_s"]
+        for name, r in results.items():
+            ratio = spread([a / b for a, b in zip(r["step_s"], one_pass)])
+            lines.append(f"| {name} | {1e3 * statistics.median(r['step_s']):.2f} | {ratio} | "
+                         f"{statistics.median(r['grade_s']):.3f} |")
+        if COMPILED_EXACT in results:
+            lines.append(f"\ncompiled {exact.get('compile_chunk')} positions per call; compiling took "
+                         f"{exact.get('compile_s', 0):.0f} s (two steps)")
+    decode = parts.get("decode")
+    if decode:
+        settings = decode["settings"]
+        lines += ["", f"## benchmarks/decode.py ({settings['dtype']}, prompt {settings['prompt_len']}, "
+                  f"{settings['new_tokens']} new tokens, {settings['repeats']} repetitions)", "",
+                  "| model | batch | standard ms/token | soft ms/token | soft / standard, paired |",
+                  "|---|---|---|---|---|"]
+        for row in decode_rows(decode):
+            r = row["soft_over_standard"]
+            lines.append(f"| {row['model']} | {row['batch']} | {row['standard_ms']:.3f} | {row['soft_ms']:.3f} | "
+                         f"{r['median']:.3f} ({r['min']:.3f}–{r['max']:.3f}) |")
     hf = parts.get("hf")
     if hf:
         lines += ["", f"## Decoding against Hugging Face generate ({hf['dtype']}, prompt {hf['prompt_len']}, "
@@ -325,17 +423,19 @@ def markdown(parts: dict) -> str:
             lines.append(f"| {batch} | {r['hf_generate_ms_per_token']} | {r['fullband_standard_ms_per_token']} | "
                          f"{r['fullband_soft_ms_per_token']} | {r['fullband_standard/hf']} | "
                          f"{r['greedy_tokens_equal_to_hf']:.0%} |")
-    if "decode" in parts:
-        lines += ["", "## benchmarks/decode.py", "", "See decode.json (per-token soft/standard, fused(n) prefill)."]
-    dist_part = parts.get("dist")
-    if dist_part:
-        lines += ["", "## Two processes on one GPU", "", "```", json.dumps(dist_part, indent=1), "```"]
+    for backend in ("nccl", "gloo"):
+        dist_part = parts.get(f"dist_{backend}")
+        if dist_part:
+            lines += ["", f"## Two processes on one device, {backend}", "", "```", json.dumps(dist_part, indent=1),
+                      "```"]
     failed = {name: part for name, part in parts.items() if name.endswith("_failed")}
     if failed:
         lines += ["", "## Parts that failed or timed out", ""]
         for name, part in failed.items():
             lines.append(f"- {name[:-7]}: exit {part['exit_code']}{' (time limit)' if part['timed_out'] else ''}: "
                          f"{part['summary']}")
+    if parts.get("expectations"):
+        lines += ["", "## Far from what a user expects", ""] + [f"- {e}" for e in parts["expectations"]]
     return "\n".join(lines) + "\n"
 
 
@@ -364,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, nargs="+", default=None, help="train: batch (16); hf: batches (1 8 64)")
     p.add_argument("--seq", type=int, default=1024, help="train: sequence length")
     p.add_argument("--no-compile", action="store_true", help="train: eager only")
-    p.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS)
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="train: the GPU's dense bf16 peak (default: by its name, PEAK_BF16_TFLOPS)")
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="dist-worker: process group backend")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="hf: weights dtype")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=64)
@@ -380,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                "report": cmd_report}[args.command]
     payload = command(args)
     if payload:
-        print(write_json(Path(args.out), args.name or args.command.replace("-worker", ""), payload))
+        default_name = f"dist_{args.backend}" if args.command == "dist-worker" else args.command
+        print(write_json(Path(args.out), args.name or default_name, payload))
     return 0
 
 
