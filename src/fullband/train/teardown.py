@@ -11,6 +11,10 @@ Python is still alive. Two kinds of references keep the group alive past `destro
 - default arguments of `torch.distributed.nn` functions (`group=group.WORLD`), evaluated when that module
   is first imported — which creating any torch optimizer does, through `torch._dynamo`;
 - the sharding caches where FSDP2's DTensors leave their device mesh, which holds the group.
+
+On torch 2.11 a third holder, not found (outside Python's containers and torch's module-level caches), keeps
+a gloo group that ``fully_shard`` has used alive past all this (tests/test_train_teardown.py fails there); torch
+2.13 has none.
 """
 
 from __future__ import annotations
