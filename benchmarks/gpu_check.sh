@@ -101,34 +101,27 @@ if wants tests; then
     done
 fi
 
-if wants train; then
-    echo "== training throughput (~125M parameters)"
-    if [ $DRY = 1 ]; then ARGS="--tiny --no-compile --steps 1 --warmup 0"; else ARGS="--steps 60 --warmup 8"; fi
-    run train 220 "$PY" benchmarks/gpu_check.py train --device $DEVICE $ARGS --out "$OUT"
-    check_written train $?
-fi
-
-if wants exact; then
-    echo "== exact-recurrence training step (compiled) against one pass"
-    if [ $DRY = 1 ]; then ARGS="--quick"; else ARGS="--compile-chunk 8 --steps 10 --repeats 3"; fi
-    run exact 170 "$PY" benchmarks/state_tracking_models.py --device $DEVICE --threads 4 $ARGS --out "$OUT/exact.json"
-    check_written exact $?
-fi
-
-if wants decode; then
-    echo "== benchmarks/decode.py"
-    if [ $DRY = 1 ]; then ARGS="--quick --models d128-L2 --batch 1 2"; else
-        ARGS="--dtype bfloat16 --batch 1 8 64 --repeats 3 --models d512-L6"; fi
-    run decode 80 "$PY" benchmarks/decode.py --device $DEVICE $ARGS --out "$OUT/decode.json"
-    check_written decode $?
-fi
-
-if wants hf; then
-    echo "== fullband vs Hugging Face generate"
-    if [ $DRY = 1 ]; then ARGS="--tiny --dtype float32"; else ARGS=""; fi
-    run hf 70 "$PY" benchmarks/gpu_check.py hf --device $DEVICE $ARGS --out "$OUT"
-    check_written hf $?
-fi
+# part NAME LIMIT TITLE DRY_ARGS GPU_ARGS COMMAND...: a part's command with its arguments for a dry run or a GPU
+part() {
+    local name=$1 seconds=$2 title=$3 dry_args=$4 gpu_args=$5
+    shift 5
+    wants "$name" || return 0
+    echo "== $title"
+    local args
+    args=$([ $DRY = 1 ] && echo "$dry_args" || echo "$gpu_args")
+    run "$name" "$seconds" "$@" $args
+    check_written "$name" $?
+}
+part train 220 "training throughput (~125M parameters)" "--tiny --no-compile --steps 1 --warmup 0" \
+    "--steps 60 --warmup 8" "$PY" benchmarks/gpu_check.py train --device $DEVICE --out "$OUT"
+part exact 170 "exact-recurrence training step (compiled) against one pass" "--quick" \
+    "--compile-chunk 8 --steps 10 --repeats 3" \
+    "$PY" benchmarks/state_tracking_models.py --device $DEVICE --threads 4 --out "$OUT/exact.json"
+part decode 80 "benchmarks/decode.py" "--quick --models d128-L2 --batch 1 2" \
+    "--dtype bfloat16 --batch 1 8 64 --repeats 3 --models d512-L6" \
+    "$PY" benchmarks/decode.py --device $DEVICE --out "$OUT/decode.json"
+part hf 70 "fullband vs Hugging Face generate" "--tiny --dtype float32" "" \
+    "$PY" benchmarks/gpu_check.py hf --device $DEVICE --out "$OUT"
 
 if wants dist; then
     echo "== two processes on one $DEVICE (DDP, FSDP2)"
