@@ -10,11 +10,9 @@ Python is still alive. Two kinds of references keep the group alive past `destro
 
 - default arguments of `torch.distributed.nn` functions (`group=group.WORLD`), evaluated when that module
   is first imported — which creating any torch optimizer does, through `torch._dynamo`;
-- the sharding caches where FSDP2's DTensors leave their device mesh, which holds the group.
-
-On torch 2.11 a third holder, not found (outside Python's containers and torch's module-level caches), keeps
-a gloo group that ``fully_shard`` has used alive past all this (tests/test_train_teardown.py fails there); torch
-2.13 has none.
+- the sharding caches where FSDP2's DTensors leave their device mesh, which holds the group; on torch 2.11
+  something outside Python's containers keeps the mesh that ``fully_shard`` made alive as well, so the meshes
+  are made to let go of their groups.
 """
 
 from __future__ import annotations
@@ -37,8 +35,21 @@ def destroy_process_groups() -> None:
     its worker threads now rather than during interpreter shutdown."""
     _clear_dtensor_caches()
     gc.collect()
+    _release_mesh_groups()
     dist.destroy_process_group()
     gc.collect()
+
+
+def _release_mesh_groups() -> None:
+    """Empty the group registry of every device mesh still alive: a mesh outlives the run when torch keeps it
+    (2.11), and would keep its groups, and their worker threads, with it."""
+    if "torch.distributed.device_mesh" not in sys.modules:
+        return  # no mesh was ever made
+    from torch.distributed.device_mesh import DeviceMesh
+
+    for obj in gc.get_objects():
+        if isinstance(obj, DeviceMesh) and isinstance(getattr(obj, "_pg_registry", None), dict):
+            obj._pg_registry.clear()
 
 
 def _clear_dtensor_caches() -> None:
