@@ -10,7 +10,7 @@
 #   dist    two processes on the one GPU: NCCL (which refuses two ranks on one GPU), then gloo; DDP and FSDP2
 #           steps whose ranks must agree,
 # and writes every figure to $OUT/gpu_check.json and $OUT/gpu_check.md (default benchmarks/results/gpu).
-# Each part has its own time limit (about 10 minutes in all; parts may run in separate calls), so one that
+# Each part has its own time limit (14 minutes in all at most; parts may run in separate calls), so one that
 # hangs or fails does not stop the others; its failure is recorded in the report. Without CUDA it says so
 # and exits 0.
 #
