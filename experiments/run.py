@@ -134,12 +134,15 @@ class Runner:
             tests, train_file = data["tests"], data["train"]
             if sweep.val_seed is not None:
                 vals = export_rows(task, lengths, sweep.test_rows, sweep.val_seed, data_dir, prefix="val")
-        # a checkpoint every 500 steps (the sweep's overrides may change it): what a killed run resumes from
+        # a checkpoint every 500 steps (the sweep's overrides may change it): what a killed run resumes from; with
+        # `along`, one every `along` steps, all kept, each graded below
+        checkpoints = (["--train.ckpt_every", str(sweep.along), "--train.keep_checkpoints", "1000"] if sweep.along
+                       else ["--train.ckpt_every", "500"])
         self.call(self.train_command(run, seed, sweep.preset, sweep.overrides,
-                                     ["--data.source", train_file, "--train.log_every", "50",
-                                      "--train.ckpt_every", "500"]), log)
+                                     ["--data.source", train_file, "--train.log_every", "50", *checkpoints]), log)
         if self.train_only:
             return None
+        along = self.grade_along(run, vals, log) if sweep.along else None
         model = run / "best" if (run / "best").is_dir() or self.dry_run else run
         tasks = [item for files in (tests, vals) for n in lengths if str(n) in files
                  for item in ("--task", f"jsonl:{files[str(n)]}")]
@@ -150,7 +153,34 @@ class Runner:
             return None
         record = read_run(run, task, seed, tests, sweep.modes.split(","), vals)
         record["data"] = {k: data[k] for k in ("records", "dropped_test_prompts", "test_rows", "test_seed")}
+        if along is not None:
+            record["along"] = along
         return record
+
+    def grade_along(self, run: Path, vals: dict[str, str], log: Path) -> list[dict] | None:
+        """Every kept checkpoint of `run` graded by `fullband bench` (fused:exact) on the validation rows at the
+        sweep's `along_lengths`: [{"step": N, "val": {moves: accuracy}}] in step order."""
+        sweep = self.sweep
+        if sweep.val_seed is None:
+            raise ValueError(f"sweep {sweep.name}: along needs val_seed (it grades validation rows)")
+        lengths = [str(m * sweep.moves) for m in sweep.along_lengths]
+        tasks = [item for n in lengths for item in ("--task", f"jsonl:{vals[n]}")] if vals else []
+        checkpoints = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+        # one process grades them all (experiments/bench_each.py): a bench per checkpoint would start Python each time
+        commands = [["bench", str(checkpoint / "model"), *tasks, "--modes", "fused:exact", "--fused-max-passes",
+                     "1024", "--fused-tol", "0", "--out", str(run / "along" / checkpoint.name), "--no-progress",
+                     "--no-plots"] for checkpoint in checkpoints
+                    if not (run / "along" / checkpoint.name / "results.json").is_file()]
+        if commands:
+            self.call([self.python, "-m", "experiments.bench_each", *map(json.dumps, commands)], log)
+        if self.dry_run:
+            return None
+        curve = []
+        for checkpoint in checkpoints:
+            results = json.loads((run / "along" / checkpoint.name / "results.json").read_text())["results"]
+            curve.append({"step": int(checkpoint.name.split("_")[1]),
+                          "val": {n: results[f"jsonl:{vals[n]}"]["fused:exact"]["0.0"]["accuracy"] for n in lengths}})
+        return curve
 
     def run_lm(self, arm: str, seed: int) -> dict | None:
         sweep = self.sweep

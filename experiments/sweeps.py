@@ -47,6 +47,10 @@ class StateTrackingSweep:
     val_seed: int | None = None
     experiment: str = "state_tracking"
     into: str = ""  # the results file of another sweep this one adds runs to (more seeds or tasks of it)
+    # > 0: keep a checkpoint every `along` steps and grade each on the validation rows at `along_lengths` × `moves`
+    # moves (fused:exact): when a run reaches extrapolation and when it loses it
+    along: int = 0
+    along_lengths: tuple[int, ...] = (4, 8)
 
     @property
     def results(self) -> Path:
@@ -250,6 +254,11 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("lr1e-3_s5", "the compiled preset on S5 at peak LR 1e-3 (a lever against the instability)",
                        ("s5",), tuple(range(10, 20)), {"train.lr": "0.001"}, test_seed=50_000, val_seed=30_000,
                        lengths=LENGTHS_32X, modes=EXACT_MODES),
+    # When does a run reach extrapolation, and does it lose it? The shipped preset on S5, seeds 10-19 (compiled_s5's),
+    # a checkpoint every 200 steps graded on the validation rows at 4x and 8x (experiments/state_tracking/along.py).
+    StateTrackingSweep("along_s5", "the preset on S5 graded at 4x and 8x (validation rows) every 200 steps",
+                       ("s5",), tuple(range(10, 20)), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
+                       modes=EXACT_MODES, along=200),
     # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
     # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
     # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.
