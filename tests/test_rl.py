@@ -15,6 +15,7 @@ import torch
 from fullband import FullBandConfig, FullBandLM
 from fullband.bench.sandbox import bubblewrap_problem
 from fullband.cli import main
+from fullband.config import read_sections
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
@@ -31,6 +32,7 @@ from fullband.rl import (
     make_reward,
     rollout_logprobs,
 )
+from fullband.rl.cli import config_path
 from fullband.rl.grpo import pad_rows
 from fullband.rl.trainer import RLTrainer, build_rl_config, lr_multiplier, run_rl
 from fullband.sampling import SamplingParams, sample_rows
@@ -648,3 +650,14 @@ def test_config_errors_say_what_to_do(soft_model_dir, records):
         rl_config(soft_model_dir, records, stop="\\n")
     with pytest.raises(ConfigError, match="refill_rounds must be >= 0"):
         rl_config(soft_model_dir, records, refill_rounds=-1)
+
+
+def test_the_bundled_recipe_is_a_config_name(soft_model_dir, records, tmp_path):
+    """--config state-tracking: the recipe of experiments/rl, bundled; a file path still wins."""
+    train, _ = records
+    raw = read_sections(config_path("state-tracking"))
+    cfg = build_rl_config(raw, {"rl.model": str(soft_model_dir), "rl.data": str(train)})
+    assert (cfg.lr_schedule, cfg.dynamic_sampling, cfg.max_new_tokens, cfg.truncated_reward) == ("cosine", True, 16, 0)
+    mine = tmp_path / "state-tracking"
+    mine.write_text("rl:\n  lr: 0.5\n")
+    assert config_path(str(mine)) == mine
