@@ -1,7 +1,8 @@
-"""One GRPO step of ``fullband rl``, split into its parts, per rollout decode mode: rollout (``generate``, sampled
-at temperature 1), scoring (``rollout_logprobs`` without gradients: the old or reference log-probabilities) and update
-(``rollout_logprobs`` with gradients, the clipped loss, backward, AdamW). Beside them, the scoring a trainer would
-do if it ignored the mode: one plain pass over prompt + completion, no gradients ("plain scoring").
+"""One GRPO step of ``fullband rl``, split into its parts as its metrics.jsonl splits it, per rollout decode mode:
+rollout (``generate``, sampled at temperature 1), scoring (``rollout_logprobs`` without gradients: the old or
+reference log-probabilities; then ``rollout_logprobs_and_entropies`` with gradients and the clipped loss), backward
+and the optimizer (gradient clip and AdamW). Beside them, the scoring a trainer would do if it ignored the mode: one
+plain pass over prompt + completion, no gradients ("plain scoring").
 
 The `state-tracking` preset's model (random weights; the gate at its init) by default, ``--rows`` rollouts (prompts
 × group) of ``--prompt-len`` random prompt tokens and ``--new-tokens`` sampled tokens each (no end token, so every
@@ -27,7 +28,7 @@ from fullband.decoding import DecodeSettings
 from fullband.generation import generate
 from fullband.loading import preset_path
 from fullband.model import FullBandLM
-from fullband.rl import group_advantages, grpo_loss, rollout_logprobs
+from fullband.rl import group_advantages, grpo_loss, rollout_logprobs, rollout_logprobs_and_entropies
 
 MODES = ("standard", "soft", "fused:2", "fused:exact")
 
@@ -41,12 +42,19 @@ def timed(sync, fn, *args, **kwargs):
     return time.perf_counter() - start, out
 
 
-def update(model, optimizer, prompts, completions, decode, old, advantages) -> None:
-    """One GRPO update: the log-probabilities with gradients, the clipped loss, backward, AdamW."""
-    new = rollout_logprobs(model, prompts, completions, decode)
-    loss = grpo_loss(new, old, advantages).loss
+def scored_loss(model, prompts, completions, decode, old, advantages) -> torch.Tensor:
+    """The trainer's forward: the log-probabilities (and entropies) with gradients, the clipped loss."""
+    new, _ = rollout_logprobs_and_entropies(model, prompts, completions, decode)
+    return grpo_loss(new, old, advantages).loss
+
+
+def backward(optimizer, loss) -> None:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+
+
+def optimizer_step(model, optimizer) -> None:
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
 
 
@@ -72,8 +80,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     print(f"{rows} rollouts ({rows // args.group} prompts × {args.group}), prompt {args.prompt_len} tokens + "
           f"{args.new_tokens} sampled; medians of {repeats} repetitions, seconds\n")
-    print("| mode | rollout | scoring (no grad) | update (grad + AdamW) | step | plain scoring (wrong for this mode) |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | rollout | scoring (no grad) | scoring (grad) + loss | backward | optimizer | step | plain scoring "
+          "(wrong for this mode) |")
+    print("|---" * 8 + "|")
     for label in args.modes.split(","):
         torch.manual_seed(0)
         model = FullBandLM(cfg).to(device=device, dtype=dtype).eval()
@@ -83,7 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
         prompts = [torch.randint(0, cfg.vocab_size, (args.prompt_len,), generator=g).tolist()
                    for _ in range(rows // args.group)]
         prompts = [p for p in prompts for _ in range(args.group)]
-        parts: dict[str, list[float]] = {"rollout": [], "scoring": [], "update": [], "plain_scoring": []}
+        parts: dict[str, list[float]] = {name: [] for name in ("rollout", "scoring", "scoring_grad", "backward",
+                                                               "optimizer", "plain_scoring")}
         for rep in range(repeats):
             with torch.no_grad():
                 seconds, sampled = timed(sync, generate, model, prompts, args.new_tokens, decode=decode,
@@ -96,12 +106,14 @@ def main(argv: list[str] | None = None) -> dict:
                 parts["plain_scoring"].append(seconds)
             rewards = torch.rand(len(prompts), generator=g).round()
             advantages = group_advantages(rewards, args.group)
-            seconds, _ = timed(sync, update, model, optimizer, prompts, completions, decode, old, advantages)
-            parts["update"].append(seconds)
+            seconds, loss = timed(sync, scored_loss, model, prompts, completions, decode, old, advantages)
+            parts["scoring_grad"].append(seconds)
+            parts["backward"].append(timed(sync, backward, optimizer, loss)[0])
+            parts["optimizer"].append(timed(sync, optimizer_step, model, optimizer)[0])
         median = {k: statistics.median(v) for k, v in parts.items()}
-        step = median["rollout"] + median["scoring"] + median["update"]
+        step = sum(median[k] for k in ("rollout", "scoring", "scoring_grad", "backward", "optimizer"))
         results[label] = {"seconds": parts, "median": median, "step_median": step}
-        print(f"| {label} | {median['rollout']:.3f} | {median['scoring']:.3f} | {median['update']:.3f} | {step:.3f} | "
+        print(f"| {label} | {' | '.join(f'{median[k]:.3f}' for k in list(parts)[:-1])} | {step:.3f} | "
               f"{median['plain_scoring']:.3f} |", flush=True)
     record = {"benchmark": "rl_step", "command": command, "machine": machine, "preset": args.preset, "rows": rows,
               "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": repeats,

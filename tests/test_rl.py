@@ -4,6 +4,7 @@ the trainer's checkpoints and resume, the command line."""
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import torch
 from fullband import FullBandConfig, FullBandLM
 from fullband.bench.sandbox import bubblewrap_problem
 from fullband.cli import main
+from fullband.config import read_sections
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
@@ -30,10 +32,12 @@ from fullband.rl import (
     make_reward,
     rollout_logprobs,
 )
+from fullband.rl.cli import config_path
 from fullband.rl.grpo import pad_rows
-from fullband.rl.trainer import build_rl_config, run_rl
+from fullband.rl.trainer import RLTrainer, build_rl_config, lr_multiplier, run_rl
 from fullband.sampling import SamplingParams, sample_rows
 from fullband.storage import read_safetensors
+from fullband.train.checkpoint import read_checkpoint
 from tests.conftest import FEATURES, float32_case, make_model
 
 FEEDBACK_MODES = ("soft", "fused:2", "fused:exact", "fused:auto")
@@ -345,27 +349,13 @@ def records(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def rl_config(model_dir, records, **overrides):
+    """A tiny run's config. Its rollouts are graded as they are (truncated_reward null): the random model almost
+    never ends a rollout, and a truncated reward would leave every step without a signal."""
     train, val = records
     values = dict(model=str(model_dir), data=str(train), val_data=str(val), steps=4, prompts_per_step=2,
-                  group_size=4, max_new_tokens=3, lr=3e-3, progress=False, seed=1)
+                  group_size=4, max_new_tokens=3, lr=3e-3, progress=False, seed=1, truncated_reward=None)
     values.update(overrides)
     return build_rl_config({"rl": values})
-
-
-def test_a_run_writes_metrics_checkpoints_and_the_decode_mode(soft_model_dir, records, tmp_path):
-    cfg = rl_config(soft_model_dir, records, kl_coef=0.1, updates_per_step=2, eval_every=2, ckpt_every=2)
-    result = run_rl(cfg, tmp_path)
-    assert result.steps == 4 and 0.0 <= result.final_accuracy <= 1.0
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
-    for key in ("reward", "accuracy", "loss", "kl", "rollout_s", "scoring_s", "update_s", "step_s", "clip_fraction"):
-        assert all(key in m for m in metrics), key
-    assert all(m["scoring_s"] > 0 for m in metrics)  # the reference and old log-probabilities
-    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in evals] == [0, 2, 4] and evals[0]["decode"] == "soft"
-    stored = json.loads((tmp_path / "checkpoints").glob("step_*").__next__().joinpath(
-        "model", "generation_config.json").read_text())
-    assert stored["decode_mode"] == "soft"
 
 
 class ByteSumParity:
@@ -377,33 +367,218 @@ class ByteSumParity:
         return [float(sum(map(ord, c)) % 2) for c in completions]
 
 
+class SignalOnOnes(ByteSumParity):
+    """ByteSumParity for the records whose answer is " 1", 0 for the others: half the groups have no signal, so
+    dynamic sampling has groups to drop and to refill."""
+
+    def __call__(self, completions, answers):
+        return [r if a == " 1" else 0.0 for r, a in zip(super().__call__(completions, answers), answers)]
+
+
+class SignalOnce(ByteSumParity):
+    """ByteSumParity on its first call, then 0 for every rollout: a first step with a signal, then none."""
+
+    calls = 0
+
+    def __call__(self, completions, answers):
+        self.calls += 1
+        return super().__call__(completions, answers) if self.calls == 1 else [0.0] * len(completions)
+
+
+TIMES = ("rollout_s", "scoring_s", "backward_s", "optimizer_s", "step_s")
+
+
+def read_metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without its timings (which differ between equal runs)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if k not in TIMES} for m in rows]
+
+
+def checkpoint_state(run: Path, step: int) -> tuple[dict, dict]:
+    """(the weights, the optimizer state) of a run's checkpoint."""
+    path = run / "checkpoints" / f"step_{step:08d}"
+    return read_safetensors(path / "model" / "model.safetensors"), read_checkpoint(path)["optimizer"]
+
+
+def same_state(a, b) -> bool:
+    """Nested dicts and lists of tensors and numbers equal, tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_a_run_writes_metrics_checkpoints_and_the_decode_mode(soft_model_dir, records, tmp_path):
+    cfg = rl_config(soft_model_dir, records, kl_coef=0.1, updates_per_step=2, eval_every=2, ckpt_every=2)
+    result = run_rl(cfg, tmp_path, reward=ByteSumParity())
+    assert result.steps == 4 and 0.0 <= result.final_accuracy <= 1.0
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    keys = ("reward", "accuracy", "loss", "kl", "entropy", "clip_fraction", "grad_norm", "lr", "truncated_fraction",
+            "frac_reward_zero_std", "completion_tokens", "draws", "groups_kept", "skipped", *TIMES)
+    assert all(set(keys) <= m.keys() for m in metrics), [set(keys) - m.keys() for m in metrics]
+    assert all(not m["skipped"] and m["scoring_s"] > 0 and m["backward_s"] > 0 for m in metrics)
+    # A random byte model: its next-token entropy is near log(259), and it rarely ends in 3 tokens.
+    assert all(3.0 < m["entropy"] < math.log(259) + 1e-6 for m in metrics)
+    assert all(m["completion_tokens"] <= 3 and 0 <= m["truncated_fraction"] <= 1 for m in metrics)
+    evals = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals] == [0, 2, 4] and evals[0]["decode"] == "soft"
+    stored = json.loads((tmp_path / "checkpoints").glob("step_*").__next__().joinpath(
+        "model", "generation_config.json").read_text())
+    assert stored["decode_mode"] == "soft"
+
+
 def test_resume_after_a_stop_equals_the_uninterrupted_run(soft_model_dir, records, tmp_path):
-    """Stopped after 2 of 5 steps and resumed: the same weights, bit for bit, and the same metrics."""
-    settings = dict(steps=5, dynamic_sampling=True, clip_high=0.28, updates_per_step=2, kl_coef=0.05)
-    run_rl(rl_config(soft_model_dir, records, **settings), tmp_path / "whole", reward=ByteSumParity())
+    """Stopped after 2 of 5 steps and resumed: the same weights, bit for bit, and the same metrics, with the state
+    a step depends on beyond the weights: the learning-rate schedule (warm-up, cosine), dynamic sampling's refill
+    draws, AdamW's moments, the KL reference."""
+    settings = dict(steps=5, dynamic_sampling=True, refill_rounds=2, clip_high=0.28, updates_per_step=2,
+                    kl_coef=0.05, lr_schedule="cosine", warmup_steps=2, min_lr_ratio=0.1)
+    run_rl(rl_config(soft_model_dir, records, **settings), tmp_path / "whole", reward=SignalOnOnes())
     run_rl(rl_config(soft_model_dir, records, stop_after_steps=2, **settings), tmp_path / "parts",
-           reward=ByteSumParity())
+           reward=SignalOnOnes())
     assert [p.name for p in (tmp_path / "parts" / "checkpoints").glob("step_*")] == ["step_00000002"]
-    run_rl(rl_config(soft_model_dir, records, **settings), tmp_path / "parts", resume=True, reward=ByteSumParity())
+    run_rl(rl_config(soft_model_dir, records, **settings), tmp_path / "parts", resume=True, reward=SignalOnOnes())
 
-    def weights(run):
-        newest = sorted((run / "checkpoints").glob("step_*"))[-1]
-        assert newest.name == "step_00000005"
-        return read_safetensors(newest / "model" / "model.safetensors")
-
-    whole, parts = weights(tmp_path / "whole"), weights(tmp_path / "parts")
+    whole, whole_optimizer = checkpoint_state(tmp_path / "whole", 5)
+    parts, parts_optimizer = checkpoint_state(tmp_path / "parts", 5)
     start = read_safetensors(soft_model_dir / "model.safetensors")
-    assert whole.keys() == parts.keys()
-    assert all(torch.equal(whole[k], parts[k]) for k in whole)
+    assert same_state(whole, parts) and same_state(whole_optimizer, parts_optimizer)
     assert not torch.equal(whole["fusion.gate_proj.weight"], start["fusion.gate_proj.weight"])
-    strip = ("rollout_s", "scoring_s", "update_s", "step_s")
+    metrics = read_metrics(tmp_path / "whole")
+    assert metrics == read_metrics(tmp_path / "parts")
+    assert any(m["draws"] > 1 for m in metrics[2:]), "no refill after the resume: the test would not cover it"
+    cfg = rl_config(soft_model_dir, records, **settings)
+    assert [m["lr"] for m in metrics] == [3e-3 * lr_multiplier(step, cfg) for step in range(5)]
+    assert [m["lr"] for m in metrics][1] == 3e-3 and metrics[-1]["lr"] == pytest.approx(3e-4)
 
-    def metrics(run):
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in m.items() if k not in strip} for m in rows]
 
-    assert metrics(tmp_path / "whole") == metrics(tmp_path / "parts")
-    assert all(m["groups_kept"] > 0 and m["loss"] is not None for m in metrics(tmp_path / "whole"))
+def test_a_zero_signal_batch_leaves_weights_and_optimizer_state_unchanged(soft_model_dir, records, tmp_path):
+    """Step 1 has a signal and moves the weights and AdamW's state; step 2's rewards are all 0, so its advantages
+    are: no optimizer step, not even one on a zero gradient (AdamW would move the weights by its momentum and
+    change its moments and step count). With the KL term on, whose gradient alone is not 0."""
+    run_rl(rl_config(soft_model_dir, records, steps=2, ckpt_every=1, kl_coef=0.1), tmp_path, reward=SignalOnce())
+    first, first_optimizer = checkpoint_state(tmp_path, 1)
+    second, second_optimizer = checkpoint_state(tmp_path, 2)
+    assert not same_state(first, read_safetensors(soft_model_dir / "model.safetensors"))
+    assert first_optimizer["state"], "step 1 made no optimizer step: the test would not cover a state change"
+    assert same_state(first, second) and same_state(first_optimizer, second_optimizer)
+    metrics = read_metrics(tmp_path)
+    assert [m["skipped"] for m in metrics] == [False, True]
+    assert metrics[1]["frac_reward_zero_std"] == 1.0 and metrics[1]["loss"] is None
+
+
+def fixed_rollouts(monkeypatch, trainer, texts: list[str | None]) -> None:
+    """Make ``trainer``'s generate return these rollouts: a text ends with the end token, None is 3 tokens that do
+    not end (cut at max_new_tokens 3)."""
+    tok = trainer.tokenizer
+    rows = [list(tok.encode(t)) + [tok.eos_id] * (3 - len(tok.encode(t))) if t is not None else list(tok.encode("x1y"))
+            for t in texts]
+    calls = []
+
+    def fake_generate(model, prompts, max_new_tokens, **kwargs):
+        calls.append(kwargs)
+        assert len(prompts) == len(rows) and max_new_tokens == 3
+        return torch.tensor(rows)
+
+    monkeypatch.setattr("fullband.rl.trainer.generate", fake_generate)
+    return calls
+
+
+class AlwaysRight:
+    correct_at = 1.0
+
+    def __call__(self, completions, answers):
+        return [1.0] * len(completions)
+
+
+class Recorder(AlwaysRight):
+    """Keeps the texts it was asked to grade."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, completions, answers):
+        self.seen += completions
+        return super().__call__(completions, answers)
+
+
+def test_a_truncated_rollout_gets_the_truncated_reward(soft_model_dir, records, tmp_path, monkeypatch):
+    """A rollout that reaches max_new_tokens without the end token or the stop gets rl.truncated_reward, whatever
+    the reward says of its text; one that ends is graded on its text up to the end (the newline stop cut off)."""
+    cfg = rl_config(soft_model_dir, records, group_size=2, truncated_reward=-0.5, stop="newline")
+    trainer = RLTrainer(cfg, tmp_path, reward=AlwaysRight())
+    calls = fixed_rollouts(monkeypatch, trainer, ["1", None, " 1\n", None])
+    batch = trainer.rollouts(0, 0)
+    assert batch.rewards.tolist() == [1.0, -0.5, 1.0, -0.5]
+    assert batch.ended.tolist() == [True, False, True, False]
+    assert batch.correct.tolist() == [True, False, True, False]
+    newline = trainer.tokenizer.encode("\n")[0]
+    assert [len(c) for c in batch.completions] == [2, 3, 3, 3] and batch.completions[2][-1] == newline
+    assert newline in calls[0]["stop_token_ids"] and trainer.tokenizer.eos_id in calls[0]["stop_token_ids"]
+    # The text graded is the completion before its end: the newline and what follows it are not the answer's.
+    trainer.reward = Recorder()
+    trainer.rollouts(0, 0)
+    assert trainer.reward.seen == ["1", "x1y", " 1", "x1y"]
+    # null: graded like any other rollout.
+    trainer = RLTrainer(rl_config(soft_model_dir, records, group_size=2, stop="newline"), tmp_path / "asis",
+                        reward=AlwaysRight())
+    fixed_rollouts(monkeypatch, trainer, ["1", None, " 1\n", None])
+    assert trainer.rollouts(0, 0).rewards.tolist() == [1.0] * 4
+
+
+def test_masked_truncated_rollouts_leave_the_loss(soft_model_dir, records, tmp_path, monkeypatch):
+    """mask_truncated_completions: rollouts cut at max_new_tokens are out of the loss; a batch of only those makes
+    no step even where their rewards differ."""
+    rows = torch.tensor([list(ByteTokenizer().encode(t)) for t in ("ab1", "ab2", "cd1", "cd2")])  # no end
+    monkeypatch.setattr("fullband.rl.trainer.generate", lambda *args, **kwargs: rows)
+    for mask, skipped in ((True, True), (False, False)):
+        cfg = rl_config(soft_model_dir, records, group_size=2, mask_truncated_completions=mask)
+        trainer = RLTrainer(cfg, tmp_path / str(mask), reward=ByteSumParity())  # the byte sums differ
+        record = trainer.train_step(0)
+        assert record["truncated_fraction"] == 1.0 and record["skipped"] is skipped
+
+
+def test_refilling_is_deterministic_by_seed(soft_model_dir, records, tmp_path):
+    """Dynamic sampling drops the groups without a signal and refills the batch from more draws: the draws of a
+    step are disjoint and fixed by (seed, step); two runs with one seed are equal, another seed draws others."""
+    cfg = rl_config(soft_model_dir, records, steps=3, prompts_per_step=3, dynamic_sampling=True, refill_rounds=2)
+    trainer = RLTrainer(cfg, tmp_path / "draws")
+    draws = [[r["prompt"] for r in trainer.draw_records(1, d)] for d in range(3)]
+    assert len({p for d in draws for p in d}) == 9
+    assert draws == [[r["prompt"] for r in RLTrainer(cfg, tmp_path / "again").draw_records(1, d)] for d in range(3)]
+    assert draws[0] != [r["prompt"] for r in trainer.draw_records(2, 0)]
+
+    runs = {}
+    for name, seed in (("a", 1), ("b", 1), ("c", 2)):
+        run_rl(rl_config(soft_model_dir, records, steps=3, prompts_per_step=3, dynamic_sampling=True,
+                         refill_rounds=2, seed=seed), tmp_path / name, reward=SignalOnOnes())
+        runs[name] = read_metrics(tmp_path / name)
+    assert runs["a"] == runs["b"] and runs["a"] != runs["c"]
+    assert same_state(checkpoint_state(tmp_path / "a", 3), checkpoint_state(tmp_path / "b", 3))
+    assert all(m["groups_kept"] <= 3 and 1 <= m["draws"] <= 3 for m in runs["a"])
+    assert any(m["draws"] > 1 for m in runs["a"]) and any(m["frac_reward_zero_std"] > 0 for m in runs["a"])
+
+
+def test_the_learning_rate_schedule():
+    cfg = SimpleNamespace(steps=10, warmup_steps=2, min_lr_ratio=0.1, lr_schedule="cosine")
+    assert [lr_multiplier(s, cfg) for s in (0, 1, 2)] == [0.5, 1.0, 1.0]
+    assert lr_multiplier(9, cfg) == pytest.approx(0.1) and lr_multiplier(5, cfg) < lr_multiplier(4, cfg)
+    assert lr_multiplier(5.5, SimpleNamespace(**{**vars(cfg), "lr_schedule": "linear"})) == pytest.approx(0.55)
+    assert lr_multiplier(9, SimpleNamespace(**{**vars(cfg), "lr_schedule": "constant"})) == 1.0
+
+
+def test_the_kl_term_is_zero_at_the_start_and_grows(soft_model_dir, records, tmp_path):
+    """rl.kl_coef: the KL to the starting model is 0 on the first step (the policy is the reference) and positive
+    once the policy has moved; without it there is no reference and no KL figure."""
+    run_rl(rl_config(soft_model_dir, records, steps=3, kl_coef=0.5), tmp_path / "kl", reward=ByteSumParity())
+    kl = [m["kl"] for m in read_metrics(tmp_path / "kl")]
+    assert kl[0] == 0.0 and all(k > 0 for k in kl[1:])
+    run_rl(rl_config(soft_model_dir, records, steps=2), tmp_path / "none", reward=ByteSumParity())
+    assert [m["kl"] for m in read_metrics(tmp_path / "none")] == [None, None]
 
 
 def test_progress_bar_and_tensorboard(soft_model_dir, records, tmp_path, capsys):
@@ -442,6 +617,11 @@ def test_the_command_line(soft_model_dir, records, tmp_path, capsys):
     # A resumed run may not change what it computes: refused with the option named, exit status 2.
     assert main(["rl", "--out-dir", str(tmp_path / "run"), "--resume", "--rl.lr", "0.5"]) == 2
     assert "cannot change rl.lr" in capsys.readouterr().err
+    # A decaying learning rate is a function of rl.steps: then more steps would change the steps already run.
+    assert main(["rl", str(soft_model_dir), "--config", str(config), "--out-dir", str(tmp_path / "cosine"),
+                 "--rl.lr_schedule", "cosine"]) == 0
+    assert main(["rl", "--out-dir", str(tmp_path / "cosine"), "--resume", "--rl.steps", "3"]) == 2
+    assert "cannot change rl.steps" in capsys.readouterr().err
 
 
 def test_a_model_without_its_tokenizer_is_refused(records, tmp_path):
@@ -462,3 +642,22 @@ def test_config_errors_say_what_to_do(soft_model_dir, records):
         rl_config(soft_model_dir, records, decode_mode="fast")
     with pytest.raises(ConfigError, match="loss_aggregation"):
         rl_config(soft_model_dir, records, loss_aggregation="mean")
+    with pytest.raises(ConfigError, match="lr_schedule must be one of constant, cosine, linear"):
+        rl_config(soft_model_dir, records, lr_schedule="wsd")
+    with pytest.raises(ConfigError, match="min_lr_ratio"):
+        rl_config(soft_model_dir, records, min_lr_ratio=1.5)
+    with pytest.raises(ConfigError, match="rl.stop must be one of auto, newline, eos"):
+        rl_config(soft_model_dir, records, stop="\\n")
+    with pytest.raises(ConfigError, match="refill_rounds must be >= 0"):
+        rl_config(soft_model_dir, records, refill_rounds=-1)
+
+
+def test_the_bundled_recipe_is_a_config_name(soft_model_dir, records, tmp_path):
+    """--config state-tracking: the recipe of experiments/rl, bundled; a file path still wins."""
+    train, _ = records
+    raw = read_sections(config_path("state-tracking"))
+    cfg = build_rl_config(raw, {"rl.model": str(soft_model_dir), "rl.data": str(train)})
+    assert (cfg.lr_schedule, cfg.dynamic_sampling, cfg.max_new_tokens, cfg.truncated_reward) == ("cosine", True, 16, 0)
+    mine = tmp_path / "state-tracking"
+    mine.write_text("rl:\n  lr: 0.5\n")
+    assert config_path(str(mine)) == mine

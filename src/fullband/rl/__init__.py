@@ -9,7 +9,7 @@ log-probabilities of the decode mode that sampled each rollout (docs/rl.md).
 """
 
 from fullband.rl.grpo import GRPOLoss, group_advantages, grpo_loss, informative_groups
-from fullband.rl.logprobs import completion_logits, rollout_logprobs
+from fullband.rl.logprobs import completion_logits, rollout_logprobs, rollout_logprobs_and_entropies
 from fullband.rl.rewards import (
     CodeTestReward,
     ExactMatchReward,
@@ -21,4 +21,4 @@ from fullband.rl.rewards import (
 
 __all__ = ["CodeTestReward", "ExactMatchReward", "GRPOLoss", "MathVerifyReward", "RegexReward", "RewardFunction",
            "completion_logits", "group_advantages", "grpo_loss", "informative_groups", "make_reward",
-           "rollout_logprobs"]
+           "rollout_logprobs", "rollout_logprobs_and_entropies"]

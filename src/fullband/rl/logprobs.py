@@ -30,7 +30,7 @@ from fullband.generation import decode_settings, left_pad
 from fullband.kv_cache import KVCache
 from fullband.model import FullBandLM, mask_positions
 
-__all__ = ["GradKVCache", "completion_logits", "rollout_logprobs"]
+__all__ = ["GradKVCache", "completion_logits", "rollout_logprobs", "rollout_logprobs_and_entropies"]
 
 
 class GradKVCache(KVCache):
@@ -132,6 +132,18 @@ def rollout_logprobs(
     ``completions`` are token-id lists of any lengths (a prompt with its BOS token; a completion as sampled, with
     its end token if it has one). ``temperature``: the sampling temperature the rollouts were drawn at (the logits
     are divided by it, as the sampler divides them); top-k/top-p truncation is not undone."""
+    return rollout_logprobs_and_entropies(model, prompts, completions, decode, temperature)[0]
+
+
+def rollout_logprobs_and_entropies(
+    model: FullBandLM,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    decode: DecodeSettings | None = None,
+    temperature: float = 1.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``rollout_logprobs`` and, per row, the entropy (nats, no gradient) of the distribution each completion token
+    was sampled from: a policy whose entropy falls towards 0 has stopped exploring (TRL logs it for that)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (the one the rollouts were sampled at), got {temperature!r}; "
                          "greedy rollouts have no log-probabilities to optimise")
@@ -141,4 +153,6 @@ def rollout_logprobs(
     # float32 at least (bf16 log-softmax loses the small differences the ratio is made of); float64 stays float64.
     logprobs = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(dim=-1)
     picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return [picked[i, :n] for i, n in enumerate(lengths)]
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    return [picked[i, :n] for i, n in enumerate(lengths)], [entropy[i, :n] for i, n in enumerate(lengths)]

@@ -2,10 +2,14 @@
 log-probabilities of the mode that sampled (``rollout_logprobs``), checkpoints that resume bitwise, metrics.
 
 One step: draw ``prompts_per_step`` records, sample ``group_size`` rollouts of each with ``generate`` (temperature
-``temperature``, the rollout decode settings), reward them, compute group-relative advantages (dropping groups of
-equal rewards with ``dynamic_sampling``), then ``updates_per_step`` optimizer steps on the clipped loss. Every random
-draw (records, sampling) comes from a generator seeded by (seed, step), and the model, optimizer and step are
-checkpointed, so a run stopped after any checkpoint and resumed computes what the uninterrupted run computes.
+``temperature``, the rollout decode settings) until the end token or the stop (a newline for line answers), reward
+them (a rollout cut at ``max_new_tokens`` gets ``truncated_reward``), and compute group-relative advantages. With
+``dynamic_sampling`` the groups whose rewards are all equal are dropped and up to ``refill_rounds`` more draws of
+records refill the batch. A batch whose advantages are all zero makes no optimizer step (AdamW's momentum alone would
+still move the weights); otherwise ``updates_per_step`` optimizer steps on the clipped loss, at the learning rate of
+the schedule (warm-up, then constant, cosine or linear decay). Every random draw (records, sampling, refills) comes
+from a generator seeded by (seed, step), and the model, optimizer and step are checkpointed, so a run stopped after
+any checkpoint and resumed computes what the uninterrupted run computes.
 
 The model stays in eval mode throughout: fullband's forward has no dropout and draws no noise outside training's
 Jacobi passes, so the probabilities recomputed for the update are those the sampler used (ratio 1 on the first
@@ -22,7 +26,7 @@ import random
 import sys
 import time
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 import yaml
 
+from fullband.bench.runner import stop_token_ids
 from fullband.bench.tasks import read_jsonl_records
 from fullband.config import coerce
 from fullband.data.config import described
@@ -39,13 +44,15 @@ from fullband.generation import generate
 from fullband.loading import encode_prompt, load_model
 from fullband.model import FullBandLM
 from fullband.rl.grpo import AGGREGATIONS, REWARD_SCALES, group_advantages, grpo_loss, informative_groups
-from fullband.rl.logprobs import rollout_logprobs
-from fullband.rl.rewards import REWARD_KINDS, RewardFunction, make_reward
+from fullband.rl.logprobs import rollout_logprobs, rollout_logprobs_and_entropies
+from fullband.rl.rewards import REWARD_KINDS, ExactMatchReward, RewardFunction, make_reward
 from fullband.storage import find_tokenizer_dir, latest_valid_checkpoint, resolve_model_dir
 from fullband.train.checkpoint import read_checkpoint, write_checkpoint
 from fullband.train.tracking import RunLog
 
 CONFIG_NAME = "config.yaml"  # OUT_DIR/config.yaml: {"rl": the RLConfig}, as fullband train saves its own
+LR_SCHEDULES = ("constant", "cosine", "linear")
+STOPS = ("auto", "newline", "eos")
 
 
 @dataclass
@@ -64,10 +71,23 @@ class RLConfig:
     steps: int = described(100, "RL steps; each samples new rollouts and makes updates_per_step optimizer updates")
     prompts_per_step: int = described(8, "records drawn per step")
     group_size: int = described(8, "rollouts per record (the G of GRPO)")
-    max_new_tokens: int = described(16, "longest rollout, in tokens (a rollout ends at the tokenizer's EOS)")
+    max_new_tokens: int = described(16, "longest rollout, in tokens; leave room for the answer and its end (a "
+                                    "rollout that reaches it unended gets truncated_reward)")
+    stop: str = described("auto", "what ends a rollout besides the end token: 'newline' (a token holding a newline; "
+                          "the reward grades the text before it), 'eos' (the end token only), 'auto' (newline for the "
+                          "exact reward, whose answers are one line, as fullband bench's jsonl tasks stop; eos else)")
+    truncated_reward: float | None = described(0.0, "reward of a rollout that reaches max_new_tokens without "
+                                               "ending, whatever its text: an answer must end to count (null: graded "
+                                               "by the reward like any other, as TRL does)")
+    mask_truncated_completions: bool = described(False, "leave the rollouts that reach max_new_tokens without "
+                                                 "ending out of the loss (TRL's option), beside truncated_reward")
     temperature: float = described(1.0, "sampling temperature of the rollouts (the log-probabilities use the same)")
     updates_per_step: int = described(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
-    lr: float = described(1e-4, "AdamW learning rate (constant)")
+    lr: float = described(1e-4, "AdamW peak learning rate")
+    lr_schedule: str = described("constant", f"after the warm-up: {', '.join(LR_SCHEDULES)} (decaying to "
+                                 "min_lr_ratio·lr at the last step)")
+    warmup_steps: int = described(0, "linear learning-rate warm-up steps")
+    min_lr_ratio: float = described(0.0, "cosine and linear: the last step's learning rate as a fraction of lr")
     weight_decay: float = described(0.0, "AdamW weight decay")
     grad_clip: float = described(1.0, "clip the gradient norm to this (0 = off)")
     clip_low: float = described(0.2, "ratio clip below: 1 - clip_low")
@@ -76,7 +96,10 @@ class RLConfig:
     loss_aggregation: str = described("sequence", "'sequence' (GRPO: mean per rollout, then over rollouts) or 'token' "
                                       "(DAPO: mean over all tokens)")
     scale_rewards: str = described("group", "'group': advantages divided by the group's reward std; 'none' (Dr. GRPO)")
-    dynamic_sampling: bool = described(False, "DAPO: drop the groups whose rewards are all equal (no signal)")
+    dynamic_sampling: bool = described(False, "DAPO: drop the groups whose rewards are all equal (no signal) and "
+                                       "refill the batch from more records (refill_rounds)")
+    refill_rounds: int = described(2, "dynamic_sampling: at most this many more draws of prompts_per_step records "
+                                   "per step while fewer than prompts_per_step groups have a signal (0 = drop only)")
     seed: int = described(0, "seed of the record draws and the rollouts' sampling")
     device: str = described("auto", "'auto' (cuda if available), 'cpu', 'cuda', ...")
     eval_every: int = described(0, "greedy accuracy on val_data every N steps, and before the first (0 = at the end "
@@ -98,7 +121,7 @@ class RLConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "ckpt_every", "stop_after_steps", "weight_decay", "grad_clip", "kl_coef",
-                     "clip_low", "clip_high"):
+                     "clip_low", "clip_high", "warmup_steps", "refill_rounds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not self.temperature > 0:
@@ -106,6 +129,12 @@ class RLConfig:
         if self.loss_aggregation not in AGGREGATIONS:
             raise ConfigError(f"rl.loss_aggregation must be one of {', '.join(AGGREGATIONS)}, "
                               f"got {self.loss_aggregation!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError(f"rl.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"rl.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.stop not in STOPS:
+            raise ConfigError(f"rl.stop must be one of {', '.join(STOPS)}, got {self.stop!r}")
         if self.scale_rewards not in REWARD_SCALES:
             raise ConfigError(f"rl.scale_rewards must be one of {', '.join(REWARD_SCALES)}, got {self.scale_rewards!r}")
         if self.group_size < 2:
@@ -159,15 +188,31 @@ def read_records(path: str | Path) -> list[dict[str, str]]:
     return [{"prompt": r["prompt"], "answer": str(r["answer"])} for r in read_jsonl_records(path)]
 
 
-@dataclass
-class Rollouts:
-    """One step's rollouts: prompt ids (repeated per rollout), completion ids (cut after their end token), the
-    completions' text (without the end token), rewards (N,)."""
+def lr_multiplier(step: int, cfg: RLConfig) -> float:
+    """The learning rate of 0-based ``step`` as a fraction of ``cfg.lr``: a linear warm-up over ``warmup_steps``,
+    then constant, or a cosine or linear decay that reaches ``min_lr_ratio`` at the last step. A function of the step
+    alone, so a resumed run needs no scheduler state."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - 1 - cfg.warmup_steps))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1 - progress
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
-    prompts: list[list[int]]
-    completions: list[list[int]]
-    texts: list[str]
-    rewards: torch.Tensor
+
+def resolve_stop(stop: str, reward: RewardFunction) -> str:
+    """``rl.stop`` with 'auto' decided: 'newline' for the exact reward (it grades the first line, and fullband bench's
+    jsonl tasks stop at a newline), 'eos' for every other reward (code and worked answers span lines)."""
+    if stop != "auto":
+        return stop
+    return "newline" if isinstance(reward, ExactMatchReward) else "eos"
+
+
+def end_token_ids(tokenizer: Any, stop: str) -> set[int]:
+    """The tokens that end a rollout: the tokenizer's end token, and with ``stop`` 'newline' every token whose text
+    holds a newline (as fullband bench stops a one-line answer)."""
+    return {tokenizer.eos_id} | (stop_token_ids(tokenizer, ("\n",)) if stop == "newline" else set())
 
 
 def cut_at_end(row: Sequence[int], end_ids: set[int]) -> list[int]:
@@ -180,25 +225,76 @@ def cut_at_end(row: Sequence[int], end_ids: set[int]) -> list[int]:
     return out
 
 
+@dataclass
+class Completions:
+    """Generated rows cut at their end: the token ids the loss scores (with the end token), the text the reward
+    grades (before the end token, and with the newline stop before the newline) and whether the row ended before
+    the token cap."""
+
+    tokens: list[list[int]]
+    texts: list[str]
+    ended: list[bool]
+
+
+def finish(rows: Sequence[Sequence[int]], tokenizer: Any, stop: str, end_ids: set[int]) -> Completions:
+    tokens = [cut_at_end(row, end_ids) for row in rows]
+    texts = [tokenizer.decode([t for t in row if t != tokenizer.eos_id]) for row in tokens]
+    if stop == "newline":
+        texts = [text.split("\n", 1)[0] for text in texts]
+    return Completions(tokens, texts, [row[-1] in end_ids for row in tokens])
+
+
 def step_seed(seed: int, step: int, purpose: str) -> int:
     """A 63-bit seed for one purpose of one step: the same on a resumed run as on the uninterrupted one."""
     return random.Random(f"{purpose}:{seed}:{step}").getrandbits(63)
 
 
 def greedy_accuracy(model: FullBandLM, tokenizer: Any, records: Sequence[dict[str, str]], reward: RewardFunction,
-                    decode: DecodeSettings, max_new_tokens: int, batch_size: int = 64) -> float:
-    """The share of ``records`` whose greedy completion (``decode``, at most ``max_new_tokens``, cut at EOS) the
-    reward counts as correct: the held-out accuracy of ``fullband rl``'s eval.jsonl."""
-    end_ids = {tokenizer.eos_id}
+                    decode: DecodeSettings, max_new_tokens: int, stop: str = "auto", must_end: bool = True,
+                    batch_size: int = 64) -> float:
+    """The share of ``records`` whose greedy completion (``decode``, at most ``max_new_tokens``, ended as ``stop``
+    says: ``rl.stop``) is correct by the reward: the held-out accuracy of ``fullband rl``'s eval.jsonl. With
+    ``must_end`` (``rl.truncated_reward`` set) an answer that does not end in the budget is wrong, as for the
+    rollouts' reward."""
+    stop = resolve_stop(stop, reward)
+    end_ids = end_token_ids(tokenizer, stop)
     correct = 0
     for i in range(0, len(records), batch_size):
         chunk = records[i : i + batch_size]
         prompts = [encode_prompt(tokenizer, r["prompt"]) for r in chunk]
         with torch.no_grad():
-            rows = generate(model, prompts, max_new_tokens, decode=decode, eos_token_id=tokenizer.eos_id)
-        texts = [tokenizer.decode([t for t in cut_at_end(row, end_ids) if t not in end_ids]) for row in rows.tolist()]
-        correct += sum(r >= reward.correct_at for r in reward(texts, [r["answer"] for r in chunk]))
+            rows = generate(model, prompts, max_new_tokens, decode=decode, eos_token_id=tokenizer.eos_id,
+                            stop_token_ids=sorted(end_ids))
+        done = finish(rows.tolist(), tokenizer, stop, end_ids)
+        graded = reward(done.texts, [r["answer"] for r in chunk])
+        correct += sum((ended or not must_end) and r >= reward.correct_at for r, ended in zip(graded, done.ended))
     return correct / len(records)
+
+
+@dataclass
+class Rollouts:
+    """Rollouts in consecutive groups (group_size per record): prompt ids (repeated per rollout), completion ids (cut
+    after their end token), rewards (N,), and per rollout (bool, N): correct by the reward, ended before the cap."""
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    ended: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def rows(self, index: Iterable[int]) -> Rollouts:
+        index = list(index)
+        return Rollouts([self.prompts[i] for i in index], [self.completions[i] for i in index], self.rewards[index],
+                        self.correct[index], self.ended[index])
+
+    @staticmethod
+    def cat(parts: Sequence[Rollouts]) -> Rollouts:
+        return Rollouts([p for part in parts for p in part.prompts], [c for part in parts for c in part.completions],
+                        torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]),
+                        torch.cat([p.ended for p in parts]))
 
 
 @dataclass
@@ -246,16 +342,20 @@ class RLTrainer:
             state = read_checkpoint(checkpoint)
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["trainer_state"]["step"])
-        self.end_ids = {self.tokenizer.eos_id}
+        self.stop = resolve_stop(cfg.stop, self.reward)
+        self.end_ids = end_token_ids(self.tokenizer, self.stop)
+        self.draws_per_step = 1 + (cfg.refill_rounds if cfg.dynamic_sampling else 0)
 
     # ---- one step ---------------------------------------------------------------------------------
 
-    def draw_records(self, step: int) -> list[dict[str, str]]:
+    def draw_records(self, step: int, draw: int) -> list[dict[str, str]]:
+        """The records of one draw of a step (draw 0, then the refills). The step's draws are one sample from one
+        generator seeded by (seed, step), so they do not repeat a record while the data has enough."""
         rng = random.Random(step_seed(self.cfg.seed, step, "records"))
-        count = self.cfg.prompts_per_step
-        if count <= len(self.records):
-            return rng.sample(self.records, count)
-        return [rng.choice(self.records) for _ in range(count)]
+        count, total = self.cfg.prompts_per_step, self.cfg.prompts_per_step * self.draws_per_step
+        picks = rng.sample(range(len(self.records)), total) if total <= len(self.records) else [
+            rng.randrange(len(self.records)) for _ in range(total)]
+        return [self.records[i] for i in picks[draw * count : (draw + 1) * count]]
 
     def encode(self, records: Sequence[dict[str, str]]) -> list[list[int]]:
         prompts = [encode_prompt(self.tokenizer, r["prompt"]) for r in records]
@@ -267,45 +367,74 @@ class RLTrainer:
                                     f"{self.model.config.max_seq_len} leaves room for {room}")
         return prompts
 
-    def rollouts(self, step: int, records: Sequence[dict[str, str]]) -> Rollouts:
-        G = self.cfg.group_size
+    def rollouts(self, step: int, draw: int) -> Rollouts:
+        """Draw ``draw`` of ``step``: its records' rollouts, rewarded; one cut at max_new_tokens without its end gets
+        truncated_reward (unless that is None)."""
+        cfg, G = self.cfg, self.cfg.group_size
+        records = self.draw_records(step, draw)
         prompts = [p for p in self.encode(records) for _ in range(G)]
         with torch.no_grad():
-            rows = generate(self.model, prompts, self.cfg.max_new_tokens, decode=self.decode,
-                            temperature=self.cfg.temperature, seed=step_seed(self.cfg.seed, step, "rollouts"),
-                            eos_token_id=self.tokenizer.eos_id)
-        completions = [cut_at_end(row, self.end_ids) for row in rows.tolist()]
-        texts = [self.tokenizer.decode([t for t in c if t not in self.end_ids]) for c in completions]
-        answers = [r["answer"] for r in records for _ in range(G)]
-        rewards = torch.tensor(self.reward(texts, answers), dtype=torch.float32)
-        return Rollouts(prompts, completions, texts, rewards)
+            rows = generate(self.model, prompts, cfg.max_new_tokens, decode=self.decode, temperature=cfg.temperature,
+                            seed=step_seed(cfg.seed, step, f"rollouts:{draw}"), eos_token_id=self.tokenizer.eos_id,
+                            stop_token_ids=sorted(self.end_ids))
+        done = finish(rows.tolist(), self.tokenizer, self.stop, self.end_ids)
+        graded = self.reward(done.texts, [r["answer"] for r in records for _ in range(G)])
+        ended = torch.tensor(done.ended)
+        rewards = torch.tensor(graded, dtype=torch.float32)
+        correct = rewards >= self.reward.correct_at
+        if cfg.truncated_reward is not None:
+            rewards = torch.where(ended, rewards, cfg.truncated_reward)
+            correct &= ended
+        return Rollouts(prompts, done.tokens, rewards, correct, ended)
+
+    def sample_batch(self, step: int) -> tuple[Rollouts, Rollouts, int]:
+        """(every rollout the step sampled, the ones the loss uses, the draws made). Without dynamic sampling both
+        are the one draw; with it the loss keeps the groups whose rewards differ, from up to 1 + refill_rounds
+        draws, at most prompts_per_step of them."""
+        G, wanted = self.cfg.group_size, self.cfg.prompts_per_step * self.cfg.group_size
+        sampled, kept = [], []
+        for draw in range(self.draws_per_step):
+            batch = self.rollouts(step, draw)
+            sampled.append(batch)
+            if not self.cfg.dynamic_sampling:
+                return batch, batch, 1
+            informative = informative_groups(batch.rewards, G)
+            kept.append(batch.rows(i for i in range(len(batch)) if informative[i // G]))
+            if sum(map(len, kept)) >= wanted:
+                break
+        kept_rows = Rollouts.cat(kept)
+        return Rollouts.cat(sampled), kept_rows.rows(range(min(wanted, len(kept_rows)))), len(sampled)
 
     def train_step(self, step: int) -> dict[str, Any]:
-        cfg = self.cfg
+        cfg, G = self.cfg, self.cfg.group_size
         start = time.perf_counter()
-        records = self.draw_records(step)
-        batch = self.rollouts(step, records)
+        sampled, batch, draws = self.sample_batch(step)
         rollout_s = time.perf_counter() - start
-        rewards = batch.rewards
+        lr = cfg.lr * lr_multiplier(step, cfg)
         record: dict[str, Any] = {
             "step": step + 1,
-            "reward": float(rewards.mean()),
-            "accuracy": float((rewards >= self.reward.correct_at).float().mean()),
-            "completion_tokens": sum(map(len, batch.completions)) / len(batch.completions),
+            "lr": lr,
+            "reward": float(sampled.rewards.mean()),
+            "accuracy": float(sampled.correct.float().mean()),
+            "completion_tokens": sum(map(len, sampled.completions)) / len(sampled),
+            "truncated_fraction": float((~sampled.ended).float().mean()),
+            "frac_reward_zero_std": float((~informative_groups(sampled.rewards, G)).float().mean()),
+            "draws": draws,
+            "groups_kept": len(batch) // G,
         }
-        advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards)
-        keep = torch.ones(len(records), dtype=torch.bool)
-        if cfg.dynamic_sampling:
-            keep = informative_groups(rewards, cfg.group_size)
-        rows = [i for i in range(len(batch.prompts)) if keep[i // cfg.group_size]]
-        record["groups_kept"] = int(keep.sum())
+        advantages = group_advantages(batch.rewards, G, cfg.scale_rewards) if len(batch) else torch.zeros(0)
+        rows = [i for i in range(len(batch)) if batch.ended[i] or not cfg.mask_truncated_completions]
         prompts = [batch.prompts[i] for i in rows]
         completions = [batch.completions[i] for i in rows]
         advantages = advantages[rows]
-        scoring_s = update_s = 0.0
-        # NaN where no group was kept (metrics.jsonl writes null; TensorBoard takes it as a float).
-        loss_value = kl = clip_fraction = math.nan
-        if rows:
+        # NaN where nothing was updated (metrics.jsonl writes null; TensorBoard takes it as a float).
+        out = dict(loss=math.nan, kl=math.nan, clip_fraction=math.nan, entropy=math.nan, grad_norm=math.nan)
+        scoring_s = backward_s = optimizer_s = 0.0
+        # No signal, no step: AdamW would still move the weights by its momentum and decay its moments.
+        skipped = not bool(advantages.any())
+        if not skipped:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             t0 = time.perf_counter()
             old = ref = None
             with torch.no_grad():
@@ -316,21 +445,27 @@ class RLTrainer:
                 if self.reference is not None:
                     ref = rollout_logprobs(self.reference, prompts, completions, self.score_decode, cfg.temperature)
             scoring_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            for _ in range(cfg.updates_per_step):
-                new = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
-                out = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
-                                cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation)
+            for update in range(cfg.updates_per_step):
+                t0 = time.perf_counter()
+                new, entropies = rollout_logprobs_and_entropies(self.model, prompts, completions, self.score_decode,
+                                                                cfg.temperature)
+                loss = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
+                                 cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation)
+                if update == 0:  # the entropy of the policy that sampled
+                    out["entropy"] = float(torch.cat(entropies).mean())
+                t1 = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
+                loss.loss.backward()
+                t2 = time.perf_counter()
                 if cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                    out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
                 self.optimizer.step()
-            update_s = time.perf_counter() - t0
-            loss_value, clip_fraction = float(out.loss), out.clip_fraction
-            kl = math.nan if out.kl is None else out.kl
-        record.update(loss=loss_value, kl=kl, clip_fraction=clip_fraction, rollout_s=rollout_s, scoring_s=scoring_s,
-                      update_s=update_s, step_s=time.perf_counter() - start)
+                t3 = time.perf_counter()
+                scoring_s, backward_s, optimizer_s = scoring_s + t1 - t0, backward_s + t2 - t1, optimizer_s + t3 - t2
+            out.update(loss=float(loss.loss.detach()), clip_fraction=loss.clip_fraction,
+                       kl=math.nan if loss.kl is None else loss.kl)
+        record.update(skipped=skipped, **out, rollout_s=rollout_s, scoring_s=scoring_s, backward_s=backward_s,
+                      optimizer_s=optimizer_s, step_s=time.perf_counter() - start)
         return record
 
     # ---- evaluation -------------------------------------------------------------------------------
@@ -340,7 +475,8 @@ class RLTrainer:
         if not self.val_records:
             return None
         return greedy_accuracy(self.model, self.tokenizer, self.val_records, self.reward, self.decode,
-                               self.cfg.max_new_tokens, self.cfg.eval_batch_size)
+                               self.cfg.max_new_tokens, self.stop, self.cfg.truncated_reward is not None,
+                               self.cfg.eval_batch_size)
 
     # ---- the run ----------------------------------------------------------------------------------
 
@@ -415,8 +551,10 @@ def resumed_config(out_dir: Path, overrides: dict[str, Any]) -> RLConfig:
         raise ConfigError(f"cannot read the saved config {path}: {exc}") from None
     base = build_rl_config(saved, source=str(path))
     cfg = build_rl_config(saved, overrides, source=str(path))
+    # A decaying learning rate is a function of rl.steps: more steps would change the rate of the steps already run.
+    resumable = RESUMABLE - {"steps"} if base.lr_schedule != "constant" else RESUMABLE
     changed = sorted(f.name for f in rl_fields() if getattr(cfg, f.name) != getattr(base, f.name)
-                     and f.name not in RESUMABLE)
+                     and f.name not in resumable)
     if changed:
         raise ConfigError(f"--resume cannot change {', '.join('rl.' + c for c in changed)}: the resumed run would not "
                           f"compute what the run in {out_dir} computes; start a new --out-dir instead")
