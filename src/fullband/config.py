@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fullband.architectures import FBT, ModelConfig, arch_of, config_class, config_fields, model_class
+from fullband.architectures import FBT, ModelConfig, arch_of, config_class, model_class
 from fullband.baselines import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig
 from fullband.data.config import DataConfig, described
 from fullband.errors import ConfigError
@@ -154,10 +154,6 @@ class EvalConfig:
         False, "also evaluate before the first step (step 0 in eval.jsonl): where a mid-training run starts from"
     )
 
-
-# Options fullband no longer has: a config that names one is told so, rather than that the option is unknown.
-REMOVED_OPTIONS = ("model.embed_norm", "train.last_pass_loss_from", "train.later_pass_weight_ramp",
-                   "train.fusion_lr_multiplier", "train.fusion_warmup_steps")
 
 # The model section's class is that of its model.arch (fullband.architectures): FullBandConfig unless it names another.
 SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
@@ -414,9 +410,6 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for key, (value, from_cli) in given.items():
-            if f"{section}.{key}" in REMOVED_OPTIONS:
-                where = f"--{section}.{key}" if from_cli else f"{source}: {section}.{key}"
-                raise ConfigError(f"{where}: this option was removed from fullband; leave it out")
             if key not in hints:
                 raise ConfigError(_unknown_field(section, key, set(hints), from_cli, source))
             kwargs[key] = coerce(value, hints[key], f"{section}.{key}", from_cli)
@@ -446,8 +439,7 @@ def _model_section(given: dict[str, tuple[Any, bool]], file_arch: Any,
     known = {f.name for f in dataclasses.fields(cls)}
     if from_cli and arch != file_arch:
         given = {key: (value, cli) for key, (value, cli) in given.items() if cli or key in known}
-    # The file's fields as a stored config's (config_fields: what an older run's config.yaml recorded for every kind).
-    filed = config_fields(arch, {key: value for key, (value, cli) in given.items() if not cli})
+    filed = {key: value for key, (value, cli) in given.items() if not cli} | ({} if arch == FBT else {"arch": arch})
     return cls, {**{key: (value, False) for key, value in filed.items()},
                  **{key: entry for key, entry in given.items() if entry[1]}}
 

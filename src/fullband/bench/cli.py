@@ -13,7 +13,8 @@ from fullband.bench.tasks import HumanEvalTask, make_task
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
-from fullband.loading import load_model, run_config_section, run_dir_of
+from fullband.loading import load_model
+from fullband.storage import ModelDir, RunDir
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,9 +63,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
+def run_data_settings(run: RunDir | None) -> dict[str, Any]:
     """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
-    data = run_config_section(run_dir, "data")
+    data = run.config_section("data") if run is not None else {}
     return {k: data[k] for k in ("seed", "synthetic_val_examples") if isinstance(data.get(k), int)}
 
 
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if ks[-1] > args.samples and any(t > 0 for t in temperatures):
         raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
-    recorded = run_data_settings(run_dir_of(args.model))
+    model_dir = ModelDir.open(args.model)
+    recorded = run_data_settings(model_dir.run)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
     # Tasks first: a missing package or a sandbox that cannot run fails before the model is loaded.
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
     if any(isinstance(t, HumanEvalTask) and t.isolation == GUARD for t in tasks):
         print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
               f"{bubblewrap_problem()}", file=sys.stderr)
-    model, tokenizer = load_model(args.model, args.device)
+    model, tokenizer = load_model(model_dir, args.device)
     base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:

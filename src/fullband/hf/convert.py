@@ -333,7 +333,7 @@ def convert_from_hf(
     model = hf_to_fullband_model(src, dtype=dtype, gguf_file=gguf_file)
     # A pretrained transformer's fusion is untrained: soft or fused decoding would feed its states through a
     # random gate, so the converted model decodes in standard mode until it is trained with feedback.
-    DecodeSettings("standard").store_in(model)
+    model.decode_settings = DecodeSettings("standard")
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
     if gguf_file is not None:

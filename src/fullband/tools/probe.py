@@ -30,7 +30,8 @@ from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import left_pad
-from fullband.loading import load_model, run_dir_of
+from fullband.loading import load_model
+from fullband.storage import ModelDir
 
 
 @dataclass
@@ -242,9 +243,10 @@ def run(args: argparse.Namespace) -> None:
     if args.examples < args.folds or args.folds < 2:
         raise ConfigError(f"need --folds >= 2 and --examples >= --folds, got {args.folds} and {args.examples}")
     modes = parse_probe_modes(args.modes)
-    model, tokenizer = load_model(args.model, args.device)
+    model_dir = ModelDir.open(args.model)
+    model, tokenizer = load_model(model_dir, args.device)
     refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
-    recorded = run_data_settings(run_dir_of(args.model))
+    recorded = run_data_settings(model_dir.run)
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     n = max(args.examples, recorded.get("synthetic_val_examples", 0))
     task, examples = synthetic_val_set(DataConfig(source=args.task, seed=seed, synthetic_val_examples=n))

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.model import write_weights
+from fullband.model import WEIGHTS_NAME, write_weights
 from fullband.storage import (
     BEST,
     DCP_DIR,
@@ -41,7 +41,7 @@ from fullband.storage import (
     checkpoint_format,
     latest_valid_checkpoint,
     list_checkpoints,
-    read_model_weights,
+    read_safetensors,
     sha256_of,
     single_process_dcp,
 )
@@ -249,7 +249,7 @@ class CheckpointManager:
         parts = read_checkpoint(checkpoint)
         full = checkpoint_format(checkpoint) == "full"
         if full:
-            model_state, optimizer_state = read_model_weights(checkpoint / "model"), parts["optimizer"]
+            model_state, optimizer_state = read_safetensors(checkpoint / "model" / WEIGHTS_NAME), parts["optimizer"]
             saved = set(optimizer_state.get("state", {}))
         else:
             model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)

@@ -36,10 +36,10 @@ from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
 from fullband.storage import (
+    ModelDir,
     RunDir,
     list_checkpoints,
     read_best,
-    resolve_model_dir,
     verify_checkpoint,
 )
 from fullband.train.checkpoint import CheckpointManager
@@ -94,13 +94,13 @@ class Trainer:
         out_dir: str | os.PathLike,
         data_dir: str | os.PathLike | None = None,
         resume: bool = False,
-        init_from: str | os.PathLike | None = None,
+        init_from: str | os.PathLike | ModelDir | None = None,
     ):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.data_dir = Path(data_dir) if data_dir else self.out_dir / "data"
         self.resume = resume
-        self.init_from = Path(init_from) if init_from else None
+        self.init_from = init_from or None
         self._setup_distributed()
         self.train_cfg = t = config.train
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
@@ -170,7 +170,8 @@ class Trainer:
     def _build_model(self, dataset: PreparedDataset) -> LanguageModel:
         model_cfg = self.cfg.model
         if self.init_from is not None:
-            model_dir = resolve_model_dir(self.init_from, hashes=True)  # weights to train on: hashed
+            model_dir = self.init_from if isinstance(self.init_from, ModelDir) else ModelDir.open(
+                self.init_from, hashes=True)  # weights to train on: hashed
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
             model_cfg = init_config(model_dir, model_cfg, dataset, self._keep_fusion, self.data_dir)
         elif model_cfg.vocab_size != dataset.vocab_size:
@@ -557,7 +558,7 @@ def train(
     out_dir: str | os.PathLike,
     data_dir: str | os.PathLike | None = None,
     resume: bool = False,
-    init_from: str | os.PathLike | None = None,
+    init_from: str | os.PathLike | ModelDir | None = None,
 ) -> TrainResult:
     """Train (or resume, or mid-train from ``init_from``) and return a summary."""
     return Trainer(config, out_dir, data_dir, resume, init_from).run()
