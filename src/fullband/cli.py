@@ -38,6 +38,11 @@ from fullband.tools import jacobi, probe
 from fullband.tools.demo import run_demo
 from fullband.train import train
 
+# What a user can fix: fullband's own errors (a config, data, checkpoint, request or setting that cannot be used) and
+# the operating system's about the files and devices a command names (missing, unreadable, no space). They print as
+# one paragraph; anything else is a bug in fullband and keeps its traceback.
+USER_ERRORS = (FullbandError, OSError)
+
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {k: v for k, v in vars(args).items() if "." in k}
@@ -228,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         args.unknown_overrides[option[2:]] = rest.pop(0)
     try:
         args.func(args)
-    except (FullbandError, ValueError, OSError) as exc:  # bad input: one paragraph, no traceback
+    except USER_ERRORS as exc:
         print(f"fullband {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,6 +18,7 @@ from fullband.architectures import FBT
 from fullband.config import MODEL_CONFIGS, SECTIONS, field_help
 from fullband.data import Tokenizer
 from fullband.detokenize import StreamingDetokenizer
+from fullband.errors import ConfigError
 from fullband.loading import PRESET_DIR
 from fullband.sampling import SamplingParams
 
@@ -134,7 +135,7 @@ def sampling_params(args: argparse.Namespace, max_tokens: int, end_ids: Iterable
     bias: dict[int, float] = {}
     for token, value in args.logit_bias or []:
         if token in bias:
-            raise ValueError(f"--logit-bias names token {token} twice")
+            raise ConfigError(f"--logit-bias names token {token} twice")
         bias[token] = value
     return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, logit_bias=bias, presence_penalty=args.presence_penalty,
