@@ -14,7 +14,7 @@ import torch
 from conftest import make_model
 from test_train import steps_of, tiny_config
 
-from fullband import storage
+from fullband import files
 from fullband.cli import main
 from fullband.errors import CheckpointError
 from fullband.generation import generate
@@ -38,7 +38,7 @@ def no_hashing(monkeypatch):
     """Any sha256 taken while this is active fails the test."""
     def refuse(path):
         raise AssertionError(f"{path} was hashed")
-    monkeypatch.setattr(storage, "sha256_of", refuse)
+    monkeypatch.setattr(files, "sha256_of", refuse)
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 
 from fullband.cli_options import (
     add_decode_options,
+    add_device_options,
     add_sampling_options,
     decode_overrides,
+    model_dtype,
     sampling_params,
     write_answer,
 )
@@ -33,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
     add_decode_options(p, "fullband chat")
     add_sampling_options(p, "longest answer in tokens (default: 200)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.set_defaults(func=run)
     return p
 
@@ -53,7 +55,7 @@ def _user_turns(args: argparse.Namespace) -> Iterable[str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    model, tokenizer = load_model(args.model, args.device)
+    model, tokenizer = load_model(args.model, args.device, model_dtype(args))
     decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
     sampling = sampling_params(args, args.max_new_tokens, end_of_turn_ids(tokenizer))

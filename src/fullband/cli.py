@@ -17,9 +17,11 @@ from fullband.bench import cli as bench_cli
 from fullband.cli_options import (
     add_config_options,
     add_decode_options,
+    add_device_options,
     add_sampling_options,
     add_validation_data_options,
     decode_overrides,
+    model_dtype,
     sampling_params,
     write_answer,
 )
@@ -85,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device)
+    model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device, model_dtype(args))
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
     result = evaluate(model, batches, args.fused_passes, sequential=not args.no_sequential)
@@ -96,7 +98,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    model, tokenizer = load_model(args.checkpoint, args.device)
+    model, tokenizer = load_model(args.checkpoint, args.device, model_dtype(args))
     settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
@@ -182,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_options(p, "fullband generate")
     add_sampling_options(p, "default: 200")
     p.add_argument("--stream", action="store_true", help="print tokens as they are produced")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="train a small standard transformer and a small FBT on the CPU and compare")

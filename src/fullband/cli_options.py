@@ -66,7 +66,22 @@ def add_validation_data_options(parser: argparse.ArgumentParser, batches: int) -
     parser.add_argument("--batches", type=int, default=batches, help=f"number of batches (default: {batches})")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
+    add_device_options(parser)
+
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype of a command that opens a model: one rule for every door (``ModelDir.load``)."""
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--dtype", choices=DTYPES, help="the weights' (and KV cache's) dtype (default: the dtype the "
+                                                        "weights are stored in)")
+
+
+def model_dtype(args: argparse.Namespace) -> torch.dtype | None:
+    """The --dtype asked for (None: as stored)."""
+    return getattr(torch, args.dtype) if args.dtype else None
 
 
 def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation") -> None:

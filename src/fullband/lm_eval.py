@@ -44,6 +44,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from fullband.decoding import DecodeSettings
+from fullband.errors import FullbandError
 from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
 from fullband.sampling import SamplingParams
@@ -234,5 +235,7 @@ def lm_eval_main(argv: list[str]) -> None:
     sys.argv = ["lm-eval", *argv]
     try:
         cli_evaluate()
+    except ValueError as exc:  # how lm-eval's command line reports its arguments' problems (an unknown task, ...)
+        raise FullbandError(f"lm-eval: {exc}") from None
     finally:
         sys.argv = saved

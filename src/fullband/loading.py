@@ -61,7 +61,8 @@ def default_data_dir(model_dir: ModelDir) -> Path:
 
 
 def load_model_and_data(
-    checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None
+    checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None,
+    dtype: torch.dtype | None = None,
 ) -> tuple[LanguageModel, PreparedDataset, Path, Path]:
     """A checkpoint and the prepared dataset to evaluate it on (by default the one it was trained on),
     refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
@@ -71,4 +72,4 @@ def load_model_and_data(
     if (model_dir.tokenizer is not None
             and load_tokenizer(model_dir.tokenizer).fingerprint() != dataset.tokenizer.fingerprint()):
         raise FullbandError(f"the data in {data_dir} was prepared with another tokenizer than {model_dir.path}'s")
-    return model_dir.load(device or default_device()), dataset, model_dir.path, data_dir
+    return model_dir.load(device or default_device(), dtype), dataset, model_dir.path, data_dir

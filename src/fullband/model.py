@@ -1010,9 +1010,14 @@ def prompt_plain(input_ids: torch.Tensor, real: torch.Tensor | None, position_id
     return plain_positions(input_ids, plain)
 
 
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """(B, T) ||new_t - old_t|| / ||old_t|| per position, in float32."""
+    return (new - old).float().norm(dim=-1) / old.float().norm(dim=-1).clamp_min(1e-12)
+
+
 def max_relative_change(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B,) max over positions t (where ``mask``, (B, T) bool, is True) of ||new_t - old_t|| / ||old_t||."""
-    change = (new - old).float().norm(dim=-1) / old.float().norm(dim=-1).clamp_min(1e-12)
+    """(B,) max over positions t (where ``mask``, (B, T) bool, is True) of ``relative_change``."""
+    change = relative_change(new, old)
     if mask is not None:
         change = change.masked_fill(~mask, 0.0)
     return change.amax(dim=-1)

@@ -4,7 +4,6 @@ that opens a model goes through ``ModelDir``; the layouts are in docs/checkpoint
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from fullband.architectures import LanguageModel, ModelConfig, arch_of, config_from_dict, model_class
 from fullband.decoding import DECODE_SETTINGS_NAME, DecodeSettings
 from fullband.errors import CheckpointError
+from fullband.files import file_problem
 from fullband.model import CONFIG_NAME, WEIGHTS_NAME, write_weights
 
 MANIFEST = "manifest.json"
@@ -86,15 +86,6 @@ class RunDir:
         return values if isinstance(values, dict) else {}
 
 
-def sha256_of(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete-looking checkpoint directories (renamed into place), oldest first."""
     root = RunDir(Path(run_dir)).checkpoints
@@ -114,17 +105,10 @@ def verify_checkpoint(path: Path, hashes: bool = True) -> None:
         files = json.loads(manifest.read_text())["files"]
     except (json.JSONDecodeError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({exc})") from None
-    for name, meta in files.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path}: {name} is missing")
-        if file.stat().st_size != meta["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says {meta['bytes']} "
-                "(truncated or overwritten)"
-            )
-        if hashes and sha256_of(file) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupt)")
+    for name, record in files.items():
+        problem = file_problem(path / name, record, hashes, name)
+        if problem:
+            raise CheckpointError(f"checkpoint {path}: {problem}")
 
 
 def latest_valid_checkpoint(run_dir: Path, hashes: bool = True) -> Path | None:

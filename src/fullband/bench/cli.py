@@ -10,6 +10,7 @@ from typing import Any
 from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
 from fullband.bench.sandbox import ALLOW_FLAG, GUARD, Limits, bubblewrap_problem
 from fullband.bench.tasks import HumanEvalTask, make_task
+from fullband.cli_options import add_device_options, model_dtype
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
@@ -56,7 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "resource limits and a cut network only, able to read, change and delete your files (default: "
                    "refuse). Only inside a disposable container or VM")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip accuracy.png and lengths.png")
     p.set_defaults(func=run)
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
     if any(isinstance(t, HumanEvalTask) and t.isolation == GUARD for t in tasks):
         print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
               f"{bubblewrap_problem()}", file=sys.stderr)
-    model, tokenizer = load_model(model_dir, args.device)
+    model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
     base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:

@@ -26,6 +26,7 @@ import torch
 from fullband.architectures import refuse_arch
 from fullband.bench.cli import run_data_settings
 from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
+from fullband.cli_options import add_device_options, model_dtype
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
@@ -231,7 +232,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=4, help="cross-validation folds (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="fold assignment seed (default: 0)")
     p.add_argument("--data-seed", type=int, help="data.seed of the held-out split (default: the run's, else 0)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.add_argument("--no-plot", action="store_true", help="skip probe.png")
     p.set_defaults(func=run)
     return p
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"need --folds >= 2 and --examples >= --folds, got {args.folds} and {args.examples}")
     modes = parse_probe_modes(args.modes)
     model_dir = ModelDir.open(args.model)
-    model, tokenizer = load_model(model_dir, args.device)
+    model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
     refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
     recorded = run_data_settings(model_dir.run)
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
