@@ -1,21 +1,5 @@
-"""Prepared datasets: token shards on disk, document start offsets, and a manifest that commits them.
-
-Layout of a prepared directory:
-
-    manifest.json            written last and atomically; its presence means the dataset is complete
-    tokenizer/               the tokenizer that produced the ids (see tokenizers.py)
-    train_000.bin ...        concatenated documents, each framed as [bos] + tokens + [eos]
-    train_docs.npy           int64 offset (into the split's token stream) of every document's bos
-    train_mask.bin           record formats only (chat, prompt_answer): uint8 per token, 1 = a training
-                             target (assistant turns, answers); without it every token is a target
-    val_000.bin, val_docs.npy, val_mask.bin
-    units/                   only while preparing: plan.json and one directory per finished work unit,
-                             kept by an interrupted prepare for the next one to resume (see prepare_dataset)
-
-Document starts are kept because the model treats them specially (a document start is a plain position,
-no state crosses a document boundary, see docs/method.md), even when documents are packed back to back.
-With ``isolate_documents`` (manifest) packed documents also do not attend to each other.
-"""
+"""Prepared datasets: token shards on disk, document start offsets, loss masks and a manifest that commits them
+(the layout is in docs/data.md)."""
 
 from __future__ import annotations
 
