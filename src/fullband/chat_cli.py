@@ -15,13 +15,12 @@ from fullband.cli_options import (
     add_decode_options,
     add_device_options,
     add_sampling_options,
-    decode_overrides,
+    decode_from_args,
     model_dtype,
     sampling_params,
     write_answer,
 )
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import load_model
@@ -56,7 +55,7 @@ def _user_turns(args: argparse.Namespace) -> Iterable[str]:
 
 def run(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.model, args.device, model_dtype(args))
-    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    decode = decode_from_args(model, args)
     # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
     sampling = sampling_params(args, args.max_new_tokens, end_of_turn_ids(tokenizer))
     stop = set(sampling.stop_token_ids)

@@ -20,6 +20,7 @@ from fullband.cli_options import (
     add_device_options,
     add_sampling_options,
     add_validation_data_options,
+    decode_from_args,
     decode_overrides,
     model_dtype,
     sampling_params,
@@ -27,7 +28,6 @@ from fullband.cli_options import (
 )
 from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
-from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
 from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
@@ -99,7 +99,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     model, tokenizer = load_model(args.checkpoint, args.device, model_dtype(args))
-    settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    settings = decode_from_args(model, args)
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
     sampling = sampling_params(args, args.max_new_tokens, [tokenizer.eos_id])

@@ -14,11 +14,13 @@ from typing import Any
 
 import torch
 
-from fullband.architectures import FBT
+from fullband.architectures import FBT, LanguageModel
 from fullband.config import MODEL_CONFIGS, SECTIONS, field_help
 from fullband.data import Tokenizer
+from fullband.decoding import DecodeSettings
 from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import ConfigError
+from fullband.generation import decode_settings
 from fullband.loading import PRESET_DIR
 from fullband.sampling import SamplingParams
 
@@ -104,9 +106,17 @@ def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation"
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The decode settings fields given on the command line (``add_decode_options``)."""
-    return {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
-            "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}
+    """The decode settings fields given on the command line (``add_decode_options``), checked: a bad value fails
+    before the model is loaded."""
+    given = {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
+             "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}
+    DecodeSettings().with_overrides(**given)
+    return given
+
+
+def decode_from_args(model: LanguageModel, args: argparse.Namespace) -> DecodeSettings:
+    """What a command decodes with: the model's stored settings with the fields its command line gives replaced."""
+    return decode_settings(model, **decode_overrides(args))
 
 
 def _logit_bias_entry(text: str) -> tuple[int, float]:

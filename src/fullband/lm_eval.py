@@ -78,7 +78,7 @@ class FullbandLM(TemplateLM):
         # so every decode mode works on exports too).
         model, self.tokenizer_fb = load_model(pretrained, device or default_device())
         self.model = model.to(DTYPES[dtype])
-        self.decode = decode_settings(self.model, DecodeSettings.of(self.model).with_overrides(**overrides))
+        self.decode = decode_settings(self.model, **overrides)
         if scoring == "prefill" and self.decode.mode == "soft":
             raise ValueError("fullband lm-eval model: scoring=prefill runs a mode's prefill passes over the whole "
                              "text, which soft decoding does not have; give decode_mode=standard or fused")

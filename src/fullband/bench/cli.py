@@ -11,7 +11,6 @@ from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures
 from fullband.bench.sandbox import ALLOW_FLAG, GUARD, Limits, bubblewrap_problem
 from fullband.bench.tasks import HumanEvalTask, make_task
 from fullband.cli_options import add_device_options, model_dtype
-from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
 from fullband.loading import load_model
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
               f"{bubblewrap_problem()}", file=sys.stderr)
     model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
-    base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
+    base = decode_settings(model, fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:
         decode_settings(model, mode)  # a mode the model cannot decode in (a baseline's soft) fails before any task runs

@@ -26,7 +26,7 @@ from fullband.bench.plots import plot_results
 from fullband.bench.tasks import BenchTask, Problem
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.generation import generate_stream
+from fullband.generation import decode_settings, generate_stream
 from fullband.loading import encode_prompt
 from fullband.sampling import SamplingParams
 from fullband.stop_strings import tokens_until_stop
@@ -305,8 +305,7 @@ def run_bench(
 ) -> dict:
     """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots. Each mode
     decodes with the model's stored settings in that mode (``parse_modes``)."""
-    base = DecodeSettings.of(model).with_overrides(fused_tol=settings.fused_tol,
-                                                   fused_max_passes=settings.fused_max_passes)
+    base = decode_settings(model, fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes)
     modes = parse_modes(",".join(settings.modes), base)
     settings = replace(settings, modes=[m.label for m in modes], fused_tol=base.fused_tol,
                        fused_max_passes=base.fused_max_passes)

@@ -9,6 +9,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from fullband.errors import CheckpointError
+from fullband.generation import decode_settings
 from fullband.hf.convert import GENERATION_CONFIG, copy_tokenizer_files
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
 from fullband.model import FullBandLM, ordinary_file_mode
@@ -49,12 +50,12 @@ def export_hf(
     from fullband.hf.configuration_fullband import FullBandHFConfig
 
     model_dir, dst = ModelDir.open(source), Path(dst)
-    settings = model_dir.decode.with_overrides(decode_mode=decode_mode, fused_passes=fused_passes,
-                                               fused_tol=fused_tol, fused_max_passes=fused_max_passes)
     model = model_dir.load()  # in the dtype it is stored in, which the export keeps
     if not isinstance(model, FullBandLM):
         raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
                               f"{model_dir.path} is arch {model.config.arch!r}")
+    settings = decode_settings(model, decode_mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                               fused_max_passes=fused_max_passes)
     tokenizer_dir = model_dir.path / "tokenizer"
     generation = {}
     if (tokenizer_dir / GENERATION_CONFIG).is_file():

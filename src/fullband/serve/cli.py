@@ -6,8 +6,7 @@ import argparse
 from pathlib import Path
 
 from fullband.architectures import refuse_arch
-from fullband.cli_options import add_decode_options, add_device_options, decode_overrides, model_dtype
-from fullband.decoding import DecodeSettings
+from fullband.cli_options import add_decode_options, add_device_options, decode_from_args, decode_overrides, model_dtype
 from fullband.engine import Engine
 from fullband.errors import FullbandError
 from fullband.loading import load_model
@@ -39,10 +38,10 @@ def run(args: argparse.Namespace) -> None:
         raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
     if args.max_batch < 1 or args.max_queue < 0:
         raise FullbandError("--max-batch must be >= 1, --max-queue >= 0")
-    DecodeSettings().with_overrides(**decode_overrides(args))  # a bad value fails before the model is loaded
+    decode_overrides(args)  # a bad value fails before the model is loaded
     model, tokenizer = load_model(args.model, args.device, model_dtype(args))
     refuse_arch(model, "fullband serve")  # its batching engine shares one transformer KV cache between requests
-    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    decode = decode_from_args(model, args)
     name = args.model_name or Path(args.model).resolve().name
     engine = Engine(model.eval(), max_batch=args.max_batch, max_queue=args.max_queue)
     app = create_app(engine, tokenizer, name, decode)
