@@ -192,7 +192,7 @@ def test_resume_mid_curriculum_is_bitwise_exact(tmp_path, mixed_lengths):
 
 
 @pytest.mark.parametrize("option, message", [({"schedule": "exact"}, "schedule exact needs isolated documents"),
-                                             ({"length_curriculum": 0.5}, "length_curriculum needs a dataset")])
+                                             ({"length_curriculum": 0.5}, "length_curriculum needs isolated")])
 def test_training_on_a_text_stream_is_refused(tmp_path, parity_data, option, message):
     # data.format auto resolves to text only when the data is prepared: the trainer refuses then.
     with pytest.raises(ConfigError, match=message):

@@ -251,15 +251,20 @@ class RunConfig:
         if t.exact_mode == "sequential" and t.schedule == EXACT:
             self._check_sequential()
         d = self.data
-        # data.format auto is only resolved when the data is prepared; the trainer checks that case.
-        text_stream = d.isolate_documents is False or (d.isolate_documents is None and d.format == "text")
-        for option, on in (("train.schedule exact", t.schedule == EXACT),
-                           ("train.length_curriculum", t.length_curriculum > 0)):
-            if on and text_stream:
+        # data.format auto is only resolved when the data is prepared; the trainer checks that case with this.
+        if d.isolate_documents is False or (d.isolate_documents is None and d.format == "text"):
+            self.refuse_text_stream(f"data.format={d.format!r} with data.isolate_documents={d.isolate_documents}")
+
+    def refuse_text_stream(self, data: str) -> None:
+        """Refuse the options that need isolated documents (whole records packed into windows) on ``data``, which
+        cuts a text stream into windows."""
+        for option, on in (("train.schedule exact", self.train.schedule == EXACT),
+                           ("train.length_curriculum", self.train.length_curriculum > 0)):
+            if on:
                 raise ConfigError(
-                    f"{option} needs isolated documents (whole records packed into windows), but data.format="
-                    f"{d.format!r} with data.isolate_documents={d.isolate_documents} cuts a text stream into windows. "
-                    "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
+                    f"{option} needs isolated documents (whole records packed into windows), but {data} cuts a text "
+                    "stream into windows. Use data.format prompt_answer or chat (or data.isolate_documents true), or "
+                    "turn the option off."
                 )
 
     def _check_sequential(self) -> None:

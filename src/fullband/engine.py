@@ -50,9 +50,6 @@ def left_pad(
         rows = [list(row) for row in input_ids]
     if not rows:
         raise ValueError("generate() needs at least one prompt")
-    for i, row in enumerate(rows):
-        if len(row) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
     mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
@@ -111,8 +108,6 @@ class Engine:
 
     def __init__(self, model: LanguageModel, max_batch: int = 16, max_queue: int = 256,
                  prefill_tokens: int | None = PREFILL_TOKENS):
-        if max_batch < 1 or max_queue < 0:
-            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
         self.model = model
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self.device = model.device

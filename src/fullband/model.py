@@ -673,13 +673,7 @@ class FullBandLM(nn.Module):
         if fused_passes == "exact":
             return self._exact_prefill(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                                        logits_to_keep)
-        adaptive = fused_passes == "auto"
-        if not adaptive and (not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 0):
-            raise ValueError(f"fused_passes must be a non-negative integer, 'auto' or 'exact', got {fused_passes!r}")
-        if adaptive and (not isinstance(fused_max_passes, int) or fused_max_passes < 1):
-            raise ValueError(f"fused_max_passes must be a positive integer, got {fused_max_passes!r}")
-        if adaptive and not fused_tol >= 0:
-            raise ValueError(f"fused_tol must be >= 0, got {fused_tol!r}")
+        adaptive = fused_passes == "auto"  # the values are checked where they enter (DecodeSettings)
         B, T = input_ids.shape
         if position_ids is None and attention_mask is not None:
             position_ids = mask_positions(attention_mask)

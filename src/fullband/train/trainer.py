@@ -182,12 +182,8 @@ class Trainer:
                 f"the data's tokenizer has {dataset.vocab_size} tokens but the model's vocabulary has "
                 f"{model_cfg.vocab_size}: prepare the data with the checkpoint's tokenizer"
             )
-        if self.train_cfg.seq_len > model_cfg.max_seq_len:
-            raise ConfigError(
-                f"train.seq_len={self.train_cfg.seq_len} is longer than the model's max_seq_len="
-                f"{model_cfg.max_seq_len}; lower train.seq_len"
-            )
         self.cfg.model = model_cfg
+        self.cfg.validate()  # again: --init-from brings the source's model config (its max_seq_len, n_layers)
         torch.manual_seed(self.train_cfg.seed)
         model = build_model(model_cfg)
         if self.init_from is not None:
@@ -303,12 +299,9 @@ class Trainer:
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
         split = dataset.split("train")
-        if self.schedule.exact and not split.isolate:
-            raise ConfigError(
-                f"train.schedule exact needs isolated documents, but the dataset in {dataset.path} packs a text "
-                f"stream (record format {dataset.manifest.get('record_format')!r}). Use data.format prompt_answer or "
-                "chat (or data.isolate_documents true), or another train.schedule."
-            )
+        if not split.isolate:
+            self.cfg.refuse_text_stream(f"the dataset in {dataset.path} (record format "
+                                        f"{dataset.manifest.get('record_format')!r})")
         self._check_cut_documents(split, t.seq_len)
         curriculum_steps = round(t.length_curriculum * self.total_steps)
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
