@@ -1,9 +1,5 @@
-"""``fullband chat MODEL``: talk to an instruction-tuned model in the terminal, in any decode mode.
-
-Each user turn is added to the conversation, which is encoded with the model's chat template
-(``fullband.data.chat``); the answer streams until an end-of-turn token. ``--message`` (repeatable)
-runs a scripted conversation instead of reading from the terminal.
-"""
+"""``fullband chat MODEL``: talk to an instruction-tuned model in the terminal, in any decode mode
+(docs/instruction-tuning.md)."""
 
 from __future__ import annotations
 

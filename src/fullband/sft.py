@@ -1,17 +1,5 @@
-"""``fullband sft MODEL``: instruction tuning of a fullband model on chat (or prompt_answer) records.
-
-It is ``fullband train --init-from MODEL`` with the defaults instruction tuning needs:
-
-- data.format chat, and data.tokenizer the model's own tokenizer (extended with fullband's chat tokens
-  when it has no chat template of its own; the model's vocabulary grows by those tokens);
-- train.schedule fixed:3 (the paper post-trains with three passes throughout) and train.init_fusion auto
-  (an FBT keeps its trained fusion weights);
-- the training and evaluation settings of the model's own run (seq_len, batch size, lr, ...) when it has
-  one, so the model is fine-tuned the way it was trained.
-
-Then ``--config FILE`` and ``--section.field VALUE`` options apply as in ``fullband train``. Validation
-reports the loss on the trained tokens (assistant turns) per decode mode. See docs/instruction-tuning.md.
-"""
+"""``fullband sft MODEL``: instruction tuning, i.e. ``fullband train --init-from MODEL`` with the defaults it needs
+(docs/instruction-tuning.md)."""
 
 from __future__ import annotations
 

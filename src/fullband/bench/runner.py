@@ -1,10 +1,6 @@
-"""The benchmark loop: tasks x decode modes x temperatures x samples -> samples.jsonl, results.json/.md.
-
-Every sample is appended to ``samples.jsonl`` as soon as its batch is scored, keyed by (task, mode,
-temperature, problem, sample index); a rerun with the same ``--out`` skips every key already there, so an
-interrupted run resumes where it stopped. Greedy decoding (temperature 0) is deterministic, so one
-sample per problem is generated there whatever ``--samples`` says; its pass@k equals its pass@1 exactly.
-"""
+"""The benchmark loop: tasks x decode modes x temperatures x samples -> samples.jsonl, results.json/.md. Every sample
+is appended as soon as it is scored, keyed, so a rerun with the same ``--out`` resumes; greedy decoding generates one
+sample per problem whatever ``--samples`` says."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows.
+"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows (docs/method.md).
 
-The token stream of a split is cut into windows of seq_len + 1 tokens at stride seq_len (window i
-starts at token i*seq_len; consecutive windows share one token so every token is a target once per
-epoch). Each epoch visits every window once in an order shuffled by (seed, epoch). A step takes the
-next `batch_size` windows of that global order and rank r keeps rows r::world_size, so the union of
-all ranks' rows is exactly what a single process would see: the world size can change on resume.
-Datasets with isolated documents (chat, prompt_answer) pack whole documents into windows instead
-(``TokenSplit.window_starts``).
-
-A length curriculum (``curriculum_steps`` > 0, isolated documents only) replaces the first steps'
-batches: step s draws its windows from those whose longest document fits a limit that grows with s, by a
-generator seeded by (seed, step, micro-batch). Those steps do not move the epoch order, so the ordinary
-shuffled epochs start after the curriculum, and a resumed run draws the same windows without extra state.
-"""
+A step takes the next ``batch_size`` windows of one global order shuffled per (seed, epoch) and rank r keeps rows
+r::world_size, so the world size can change on resume; a length curriculum draws its steps' windows by a generator
+seeded per (seed, step, micro-batch) and does not move the epoch order, so a resumed run needs no extra state."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Jacobi diagnostics: how the multi-pass (Jacobi) iteration of the feedback recurrence converges, pass by pass.
-
-``fullband jacobi MODEL --passes 1000 --out DIR``: for k = 0..N fused passes over held-out sequences (teacher
-forced, every position fused with the previous pass's top state, document starts plain), the loss and the
-relative state change ||h^(k) - h^(k-1)|| / ||h^(k-1)||, both on positions >= k only: after k fused passes
-positions 0..k already equal the exact recurrence, so including them would dilute later passes toward the
-sequential value. The exact sequential recurrence (one position at a time) is the reference, restricted to
-the same positions. Memory is that of one pass: only the previous pass's top states are kept.
-"""
+"""``fullband jacobi``: how the Jacobi iteration of the feedback recurrence converges, pass by pass, against the exact
+recurrence (docs/evaluation.md). Memory is that of one pass: only the previous pass's top states are kept."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""``fullband probe``: linear probes of a synthetic task's running state, per layer and decode mode.
-
-For held-out prompts of a synthetic task, the per-layer hidden states are recorded at every position that
-has a target (``SyntheticTask.targets``: the state right after that character): layer 0 is the input to
-the first block (the token embedding in standard mode, the fused input e ⊗ h in fused mode), layer i the
-input to block i, layer L the output of the last block (before the final norm). Modes: ``standard``
-(one plain pass) and ``fused:n`` (the prompt after n fused prefill passes, exactly what fused(n) decoding
-starts from). A multinomial logistic regression per layer and mode predicts the target; accuracy is
-measured with 4-fold cross-validation grouped by sequence (no prompt has positions in both the training
-and the test folds) and reported next to the majority-class rate (always guessing the training folds'
-most frequent label).
-"""
+"""``fullband probe``: linear probes of a synthetic task's running state, per layer and decode mode
+(docs/evaluation.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The training loop: the scheduled multi-pass objective of docs/method.md §4-5 on one CPU, one GPU, or many
-GPUs under torchrun (DDP or FSDP2), with atomic checkpoints and exact resume.
-
-Randomness is derived from (seed, step, micro-batch, global row) rather than carried in a global RNG:
-K per step, the windows of a length-curriculum step, the prefix-mixin length and the jitter of each row are
-the same whichever rank the row lands on and whether or not the run was interrupted.
-"""
+"""The training loop (docs/method.md §4-5) on one CPU, one GPU or many under torchrun (DDP or FSDP2), with atomic
+checkpoints and exact resume: randomness comes from (seed, step, micro-batch, global row), not a global RNG, so it
+does not depend on the rank a row lands on or on an interruption."""
 
 from __future__ import annotations
 
