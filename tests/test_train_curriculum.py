@@ -99,12 +99,6 @@ def test_rank_rows_make_up_the_single_process_batch():
 
 
 def test_text_streams_are_refused():
-    split = _isolated_split()
-    split.isolate = False
-    with pytest.raises(ConfigError, match="length_curriculum needs a dataset of isolated documents"):
-        TokenLoader(split, LOADER_SEQ, LOADER_BATCH, curriculum_steps=3)
-    with pytest.raises(ConfigError, match="isolated documents"):
-        _ = TokenLoader(split, LOADER_SEQ, LOADER_BATCH).longest_documents
     for option in ({"schedule": "exact"}, {"length_curriculum": 0.5}):
         with pytest.raises(ConfigError, match="needs isolated documents"):
             tiny_config(data={"format": "text"}, train=option)

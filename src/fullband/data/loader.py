@@ -46,14 +46,6 @@ class TokenLoader:
                 f"batch_size={batch_size} (rows per step over all ranks) must be a positive multiple of "
                 f"world_size={world_size}, so every rank gets the same number of rows; adjust batch_size."
             )
-        if curriculum_steps < 0:
-            raise ConfigError(f"curriculum_steps={curriculum_steps} must be >= 0 (0: no length curriculum).")
-        if curriculum_steps and not split.isolate:
-            raise ConfigError(
-                "train.length_curriculum needs a dataset of isolated documents (data.format chat or "
-                "prompt_answer, or data.isolate_documents true): windows cut from a text stream have no document "
-                "length to order them by. Set train.length_curriculum 0 for this dataset."
-            )
         check_split_length(split, seq_len)
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -70,12 +62,8 @@ class TokenLoader:
 
     @property
     def longest_documents(self) -> np.ndarray:
-        """Per window, its longest trained document in tokens (capped at seq_len + 1); isolated documents only."""
-        if not self.split.isolate:
-            raise ConfigError(
-                "document lengths per window need a dataset of isolated documents (data.format chat or "
-                "prompt_answer, or data.isolate_documents true)."
-            )
+        """Per window, its longest trained document in tokens (capped at seq_len + 1); isolated documents only (the
+        run config and the trainer refuse the options that need it on a text stream: RunConfig.refuse_text_stream)."""
         if self._longest is None:
             self._longest = window_longest_documents(self.split, self._starts, self.seq_len)
         return self._longest
