@@ -47,6 +47,7 @@ from train_step import forward_backward
 
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
+from fullband.storage import load_pretrained
 
 # dense bf16 peak, TFLOP/s, by a part of the GPU's name (the first that matches; NVIDIA's data sheets)
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0,
@@ -186,7 +187,7 @@ def cmd_hf(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(Path(tmp) / "llama")
         convert_from_hf(Path(tmp) / "llama", Path(tmp) / "fb")
-        fb = FullBandLM.from_pretrained(Path(tmp) / "fb", device=device, dtype=dtype).eval()
+        fb = load_pretrained(Path(tmp) / "fb", device=device, dtype=dtype).eval()
     hf = hf.to(device=device, dtype=dtype).eval()
 
     def timed(fn) -> tuple[float, torch.Tensor]:

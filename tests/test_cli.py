@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fullband.cli import main
+from fullband.cli import build_parser, main
 
 TINY = {
     "model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, "max_seq_len": 32},
@@ -218,3 +218,26 @@ def test_existing_run_directory(trained, tmp_path, capsys):
     # a data dir prepared from another data config is not silently reused or replaced
     fails(["train", "--config", trained["config"], "--data-dir", trained["data"], "--out-dir", tmp_path / "r2",
            "--data.val_fraction", 0.3], capsys, "already holds a dataset prepared from a different data config")
+
+
+def test_a_user_error_is_one_paragraph_and_a_bug_keeps_its_traceback(monkeypatch, capsys, tmp_path):
+    """fullband's own errors and the operating system's about named files are the user's to fix: one paragraph, exit
+    code 2. Any other exception, a plain ValueError included, is a bug: it propagates with its traceback."""
+    fails(["generate", tmp_path / "missing", "--prompt", "x"], capsys, f"error: {tmp_path / 'missing'} does not exist")
+
+    def verify_raising(error: Exception):
+        def parser():  # fullband's parser, with `verify` running a command that raises `error`
+            built = build_parser()
+            built._subparsers._group_actions[0].choices["verify"].set_defaults(func=lambda args: _raise(error))
+            return built
+        monkeypatch.setattr("fullband.cli.build_parser", parser)
+
+    verify_raising(ValueError("an internal invariant broke"))
+    with pytest.raises(ValueError, match="an internal invariant broke"):
+        main(["verify", str(tmp_path)])
+    verify_raising(PermissionError(13, "Permission denied", str(tmp_path / "prompt.txt")))
+    fails(["verify", tmp_path], capsys, "Permission denied")
+
+
+def _raise(error: Exception):
+    raise error

@@ -302,7 +302,7 @@ def test_trainer_runs_the_sweep_overrides_and_every_door_takes_or_refuses_it(tmp
     assert [set(e["loss"]) for e in evals] == [{"standard"}] * 2  # one pass: no fused or sequential loss
     model, tokenizer = load_model(tmp_path / "run" / "best", device="cpu")
     assert isinstance(model, DeltaProductLM) and model.config.householder_steps == 2
-    assert model.decode_defaults["decode_mode"] == "standard"
+    assert model.decode_settings.mode == "standard"
     assert generate(model, [tokenizer.encode("parity 0110 =")], 3).shape == (1, 3)
     with pytest.raises(FullbandError, match="model.arch deltaproduct.*drop --init-from"):
         train(cfg, tmp_path / "again", data_dir=tmp_path / "data", init_from=tmp_path / "run")

@@ -161,18 +161,3 @@ def test_every_front_door_decodes_like_generate(runs, loaded, schedule, tmp_path
     assert seen[None] == seen[stored]
     assert all(seen[None] != tokens for label, tokens in seen.items()
                if label not in (None, stored, SAME_LIMIT.get(stored))), seen
-
-
-def test_a_run_saved_before_decode_settings_were_stored_gets_its_schedules(runs, tmp_path):
-    import shutil
-
-    for schedule, run in runs.items():
-        old = shutil.copytree(run, tmp_path / schedule)
-        for stored in old.rglob("generation_config.json"):
-            stored.unlink()
-        for manifest in old.rglob("manifest.json"):  # as the checkpoint was sealed then, without the file
-            sealed = json.loads(manifest.read_text())
-            sealed["files"] = {k: v for k, v in sealed["files"].items() if not k.endswith("generation_config.json")}
-            manifest.write_text(json.dumps(sealed))
-        model, _ = load_model(old, device="cpu")
-        assert DecodeSettings.of(model) == STORED[schedule]

@@ -33,6 +33,7 @@ from fullband.generation import generate as fb_generate  # noqa: E402
 from fullband.hf import convert_from_hf, export_hf, register  # noqa: E402
 from fullband.kv_cache import KVCache  # noqa: E402
 from fullband.model import FullBandConfig, FullBandLM  # noqa: E402
+from fullband.storage import load_pretrained  # noqa: E402
 
 HF_CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 VOCAB = 101
@@ -99,7 +100,7 @@ def _hf_cache(out):
 def test_import_logits_match_hf_full_and_cached(tmp_path, family):
     src, hf = _save_hf(tmp_path, family)
     dst = convert_from_hf(src, tmp_path / "fb")
-    fb = FullBandLM.from_pretrained(dst).eval()
+    fb = load_pretrained(dst).eval()
     torch.manual_seed(1)
     ids = torch.randint(0, VOCAB, (2, 12))
     with torch.no_grad():
@@ -129,7 +130,7 @@ def test_import_sharded_safetensors(tmp_path):
     src, hf = _save_hf(tmp_path, "llama_gqa", max_shard_size="20KB")
     assert (src / "model.safetensors.index.json").is_file()
     assert len(list(src.glob("model-*.safetensors"))) > 1
-    fb = FullBandLM.from_pretrained(convert_from_hf(src, tmp_path / "fb")).eval()
+    fb = load_pretrained(convert_from_hf(src, tmp_path / "fb")).eval()
     ids = torch.randint(0, VOCAB, (1, 9))
     with torch.no_grad():
         torch.testing.assert_close(fb(ids).logits, hf(ids).logits, atol=1e-4, rtol=0)
@@ -240,7 +241,7 @@ def exported(tmp_path_factory):
     )
     hf.save_pretrained(tmp / "src")
     convert_from_hf(tmp / "src", tmp / "fb")
-    fb = FullBandLM.from_pretrained(tmp / "fb").eval()
+    fb = load_pretrained(tmp / "fb").eval()
     with torch.no_grad():  # make the fusion matter: larger fed-back values than the init
         fb.fusion.value_proj.weight.mul_(20)
     fb.save_pretrained(tmp / "fb")
@@ -401,7 +402,7 @@ def test_a_converted_model_decodes_in_standard_mode_until_trained(tmp_path):
     src, _ = _save_hf(tmp_path, "llama_gqa")
     dst = convert_from_hf(src, tmp_path / "fb")
     assert json.loads((dst / "generation_config.json").read_text())["decode_mode"] == "standard"
-    model = FullBandLM.from_pretrained(dst).eval()
+    model = load_pretrained(dst).eval()
     assert DecodeSettings.of(model) == DecodeSettings("standard")
     exp = export_hf(dst, tmp_path / "exp", decode_mode="fused", fused_passes="auto", fused_max_passes=5)
     config = json.loads((exp / "config.json").read_text())
@@ -437,7 +438,7 @@ def test_identity_fusion_start_is_the_converted_model_in_every_mode(tmp_path):
     ids = torch.randint(3, VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
     logits = {}
     for fusion, init in (("add", "identity"), ("gate", "random")):
-        model = FullBandLM.from_pretrained(dst).double().eval()
+        model = load_pretrained(dst).double().eval()
         config = FullBandConfig.from_dict({**model.config.to_dict(), "fusion": fusion, "fusion_init": init})
         start = FullBandLM(config).double().eval()
         trunk = {k: v for k, v in model.state_dict().items() if not k.startswith("fusion.")}

@@ -10,7 +10,8 @@ from conftest import make_model
 from fullband.data import ByteTokenizer
 from fullband.errors import FullbandError
 from fullband.generation import generate
-from fullband.loading import encode_prompt, load_model, run_dir_of
+from fullband.loading import encode_prompt, load_model
+from fullband.storage import ModelDir
 
 
 def test_byte_tokenizer_export_loads_back_with_the_same_tokens_and_outputs(tmp_path):
@@ -24,7 +25,7 @@ def test_byte_tokenizer_export_loads_back_with_the_same_tokens_and_outputs(tmp_p
 
     original, tok_a = load_model(tmp_path / "fb", device="cpu")
     exported, tok_b = load_model(tmp_path / "export", device="cpu")
-    assert run_dir_of(tmp_path / "export") is None and not exported.training
+    assert ModelDir.open(tmp_path / "export").run is None and not exported.training
     text = "héllo wörld\n\tdef f(): ✓"
     assert encode_prompt(tok_a, text) == encode_prompt(tok_b, text)
     assert tok_b.decode(tok_b.encode(text)) == text

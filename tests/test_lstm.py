@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_train import steps_of, tiny_config
 
-from fullband.architectures import build_model, load_pretrained
+from fullband.architectures import build_model
 from fullband.baselines import LSTMLM, BaselineConfig
 from fullband.cli import main
 from fullband.config import build_config
@@ -22,7 +22,8 @@ from fullband.decoding import DecodeSettingsError
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, score_continuations
 from fullband.loading import load_model
-from fullband.model import FullBandLM
+from fullband.model import FullBandConfig
+from fullband.storage import load_pretrained
 from fullband.train import train
 
 V = 29
@@ -83,7 +84,7 @@ def test_cached_generation_and_scoring_equal_the_full_forward():
 
 def check_storage(model, directory: Path) -> dict:
     """A baseline saved and loaded back by every loader as its own class, with the same logits; the transformer's
-    own loader refuses it by its arch. Returns the stored config.json."""
+    own config refuses it by its arch. Returns the stored config.json."""
     model.save_pretrained(directory)
     ByteTokenizer().save(directory / "tokenizer")
     stored = json.loads((directory / "config.json").read_text())
@@ -92,7 +93,7 @@ def check_storage(model, directory: Path) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (2, 9))
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits, rtol=0, atol=0)
     with pytest.raises(ValueError, match=f"model.arch '{stored['arch']}' model, not the transformer"):
-        FullBandLM.from_pretrained(directory)
+        FullBandConfig.from_dict(stored)
     return stored
 
 
@@ -135,7 +136,7 @@ def test_trainer_runs_the_lstm_on_packed_records_and_every_door_takes_or_refuses
     evals = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert [set(e["loss"]) for e in evals] == [{"standard"}] * 2  # one pass: no fused or sequential loss
     model, tokenizer = load_model(tmp_path / "run" / "best", device="cpu")
-    assert isinstance(model, LSTMLM) and model.decode_defaults["decode_mode"] == "standard"
+    assert isinstance(model, LSTMLM) and model.decode_settings.mode == "standard"
     assert generate(model, [tokenizer.encode("parity 0110 =")], 3).shape == (1, 3)
     with pytest.raises(FullbandError, match="--init-from.*drop --init-from"):
         train(cfg, tmp_path / "again", data_dir=tmp_path / "data", init_from=tmp_path / "run")

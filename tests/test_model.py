@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from conftest import FEATURES, FUSIONS, make_model, reference_recurrence, shift, tiny_config
 
 from fullband import FullBandConfig, FullBandLM, KVCache, sequential_forward
+from fullband.errors import CheckpointError
 from fullband.model import RMSNorm
+from fullband.storage import load_pretrained
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -535,7 +537,7 @@ def test_save_load_round_trip(tmp_path, tied):
     header_len = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + header_len])  # a safetensors header, not a pickle
     assert ("lm_head.weight" in header) is (not tied)
-    loaded = FullBandLM.from_pretrained(tmp_path).eval()
+    loaded = load_pretrained(tmp_path).eval()
     assert loaded.config == model.config
     if tied:
         assert loaded.lm_head is None
@@ -545,7 +547,7 @@ def test_save_load_round_trip(tmp_path, tied):
         a, b = model.multipass(ids, passes=3), loaded.multipass(ids, passes=3)
     for x, y in zip(a.logits + a.hidden, b.logits + b.hidden):
         assert torch.equal(x, y)
-    as64 = FullBandLM.from_pretrained(tmp_path, dtype=torch.float64)
+    as64 = load_pretrained(tmp_path, dtype=torch.float64)
     assert as64.embed.weight.dtype == torch.float64
 
 
@@ -557,10 +559,10 @@ def test_load_errors(tmp_path):
     raw = (truncated / "model.safetensors").read_bytes()
     (truncated / "model.safetensors").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(ValueError, match="truncated"):
-        FullBandLM.from_pretrained(truncated)
+        load_pretrained(truncated)
     (no_config / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="config.json"):
-        FullBandLM.from_pretrained(no_config)
-    with pytest.raises(FileNotFoundError, match="model.safetensors"):
-        FullBandLM.from_pretrained(tmp_path / "missing")
-    FullBandLM.from_pretrained(good)  # the untouched copy still loads
+    with pytest.raises(CheckpointError, match="neither a model directory \\(config.json"):
+        load_pretrained(no_config)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_pretrained(tmp_path / "missing")
+    load_pretrained(good)  # the untouched copy still loads

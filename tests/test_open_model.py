@@ -14,13 +14,12 @@ import torch
 from conftest import make_model
 from test_train import steps_of, tiny_config
 
-from fullband import storage
-from fullband.architectures import load_pretrained
+from fullband import files
 from fullband.cli import main
 from fullband.errors import CheckpointError
 from fullband.generation import generate
 from fullband.loading import load_model
-from fullband.storage import list_checkpoints, read_safetensors
+from fullband.storage import list_checkpoints, load_pretrained, read_safetensors
 from fullband.train import train
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
@@ -39,7 +38,7 @@ def no_hashing(monkeypatch):
     """Any sha256 taken while this is active fails the test."""
     def refuse(path):
         raise AssertionError(f"{path} was hashed")
-    monkeypatch.setattr(storage, "sha256_of", refuse)
+    monkeypatch.setattr(files, "sha256_of", refuse)
 
 
 def _copy(run: Path, tmp_path: Path) -> Path:
@@ -58,7 +57,7 @@ def test_loading_a_run_hashes_nothing_and_equals_the_checkpoint(run, no_hashing)
         assert torch.equal(tensor, saved[name]), name
     assert model.inv_freq.device.type == "cpu" and model.inv_freq.dtype == torch.float32
     # The settings stored with the run (fixed:2 trains Jacobi passes: soft) come with it.
-    assert model.decode_defaults["decode_mode"] == "soft"
+    assert model.decode_settings.mode == "soft"
     prompts = [[1, 2, 3], [4, 5]]
     assert generate(model, prompts, 4).shape == (2, 4)
 
@@ -121,10 +120,10 @@ def test_weights_that_do_not_match_the_config_are_refused(tmp_path):
         load_pretrained(tmp_path)
 
 
-def test_stored_dtype_is_cast_as_a_fresh_model_would_be(tmp_path):
+def test_a_model_loads_in_the_dtype_it_is_stored_in_unless_told(tmp_path):
     model = make_model().to(torch.bfloat16)
     model.save_pretrained(tmp_path)
     loaded = load_pretrained(tmp_path)
-    assert loaded.embed.weight.dtype == torch.float32
-    assert torch.equal(loaded.embed.weight, model.embed.weight.float())
+    assert loaded.embed.weight.dtype == torch.bfloat16
+    assert torch.equal(loaded.embed.weight, model.embed.weight)
     assert load_pretrained(tmp_path, dtype=torch.float64).embed.weight.dtype == torch.float64

@@ -39,7 +39,7 @@ from fullband.data.chat import apply_chat_template  # noqa: E402
 from fullband.data.tokenizers import load_tokenizer  # noqa: E402
 from fullband.decoding import DecodeSettings  # noqa: E402
 from fullband.generation import generate  # noqa: E402
-from fullband.model import FullBandLM  # noqa: E402
+from fullband.storage import load_pretrained  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -69,7 +69,7 @@ def converted(tmp_path_factory):
     assert loaded.keys() == {"model", "tokenizer"}, "the conversion no longer loads through transformers"
     hf = loaded["model"].eval()
     assert next(hf.parameters()).dtype == torch.float32
-    return out, FullBandLM.from_pretrained(out).eval(), hf, loaded["tokenizer"]
+    return out, load_pretrained(out).eval(), hf, loaded["tokenizer"]
 
 
 def _chat_ids(tok) -> torch.Tensor:

@@ -332,7 +332,7 @@ def soft_model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     model = FullBandLM(FullBandConfig(vocab_size=ByteTokenizer().vocab_size, d_model=16, n_layers=1, n_heads=2,
                                       d_ff=32, max_seq_len=40, gate_init_std=0.5))
-    DecodeSettings("soft").store_in(model)
+    model.decode_settings = DecodeSettings("soft")
     path = tmp_path_factory.mktemp("rl") / "model"
     model.save_pretrained(path)
     ByteTokenizer().save(path / "tokenizer")

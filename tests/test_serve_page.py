@@ -17,7 +17,7 @@ from serve_helpers import ThreadServer
 
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.loading import load_model
-from fullband.model import FullBandLM
+from fullband.storage import load_pretrained
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -124,7 +124,7 @@ def converted_model(tmp_path: Path):
         vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
     llama.save_pretrained(tmp_path / "llama")
-    return FullBandLM.from_pretrained(convert_from_hf(tmp_path / "llama", tmp_path / "converted")).eval(), tokenizer
+    return load_pretrained(convert_from_hf(tmp_path / "llama", tmp_path / "converted")).eval(), tokenizer
 
 
 def column_marks(page) -> dict[str, tuple[bool, bool]]:

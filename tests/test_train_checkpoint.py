@@ -1,4 +1,4 @@
-"""Checkpoints: atomic layout, verification, skipping corrupt ones on resume, resolve_model_dir, no pickle; the
+"""Checkpoints: atomic layout, verification, skipping corrupt ones on resume, no pickle; the
 same for DCP checkpoints (one process here; resharding across world sizes in test_train_distributed.py)."""
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ from fullband.cli import main
 from fullband.errors import CheckpointError, ConfigError
 from fullband.hf import export_hf
 from fullband.loading import load_model, load_model_and_data
-from fullband.model import FullBandLM
 from fullband.storage import (
-    find_tokenizer_dir,
+    ModelDir,
     latest_valid_checkpoint,
     list_checkpoints,
-    read_model_weights,
-    resolve_model_dir,
+    load_pretrained,
     verify_checkpoint,
 )
 from fullband.train import train
@@ -76,9 +74,9 @@ def test_layout_retention_and_verification(finished_run):
     assert state["step"] == STEPS and state["tokens"] == steps_of(STEPS)
     assert not list((finished_run / "checkpoints").glob(".tmp-*"))
     # the checkpoint's model directory loads on its own, with its tokenizer
-    model = FullBandLM.from_pretrained(newest / "model")
+    model = load_pretrained(newest / "model")
     assert model.config.d_model == 32
-    assert find_tokenizer_dir(newest / "model") == newest / "model" / "tokenizer"
+    assert ModelDir.open(newest / "model").tokenizer == newest / "model" / "tokenizer"
 
 
 @pytest.mark.parametrize("damage", ["flip_optimizer", "truncate_model"])
@@ -128,35 +126,35 @@ def test_interrupted_write_is_ignored(finished_run, tmp_path, capfd, parity_data
     with pytest.raises(CheckpointError, match="no manifest.json"):
         verify_checkpoint(run / "checkpoints" / "step_00000010")
     assert latest_valid_checkpoint(run).name == "step_00000006"
-    assert resolve_model_dir(run) == run / "checkpoints" / "step_00000006" / "model"
+    assert ModelDir.open(run).path == run / "checkpoints" / "step_00000006" / "model"
     result = train(_cfg(), run, data_dir=parity_data, resume=True)
     assert result.steps == STEPS and result.finished
     assert "is already complete" in capfd.readouterr().err and read_metrics(run)[-1]["step"] == STEPS
 
 
-def test_resolve_model_dir(finished_run, tmp_path):
+def test_model_dir_resolves_every_path(finished_run, tmp_path):
     newest = list_checkpoints(finished_run)[-1]
-    assert resolve_model_dir(finished_run) == newest / "model"
-    assert resolve_model_dir(str(newest)) == newest / "model"
-    assert resolve_model_dir(newest / "model") == newest / "model"
+    assert ModelDir.open(finished_run).path == newest / "model"
+    assert ModelDir.open(str(newest)).path == newest / "model"
+    assert ModelDir.open(newest / "model").path == newest / "model"
     with pytest.raises(CheckpointError, match="does not exist"):
-        resolve_model_dir(tmp_path / "nope")
+        ModelDir.open(tmp_path / "nope")
     garbage = tmp_path / "garbage"
     garbage.mkdir()
     (garbage / "notes.txt").write_text("hello")
     with pytest.raises(CheckpointError, match="neither a model directory"):
-        resolve_model_dir(garbage)
+        ModelDir.open(garbage)
     with pytest.raises(CheckpointError):
-        resolve_model_dir(garbage / "notes.txt")
+        ModelDir.open(garbage / "notes.txt")
     # a run whose only checkpoints are all damaged
     run = _copy(finished_run, tmp_path)
     for checkpoint in list_checkpoints(run):
         (checkpoint / "manifest.json").unlink()
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
-        resolve_model_dir(run)
+        ModelDir.open(run)
     # a damaged checkpoint named directly is refused, not loaded
     with pytest.raises(CheckpointError, match="manifest"):
-        resolve_model_dir(list_checkpoints(run)[-1])
+        ModelDir.open(list_checkpoints(run)[-1])
 
 
 class _Evil:
@@ -218,8 +216,8 @@ def test_dcp_layout_and_bitwise_resume(dcp_run, finished_run):
     # Resumed from step 2, the run is the full-format uninterrupted run bit for bit: losses and weights.
     assert [(r["loss"], r["pass_losses"]) for r in read_metrics(dcp_run)] == [
         (r["loss"], r["pass_losses"]) for r in read_metrics(finished_run)]
-    full = read_model_weights(list_checkpoints(finished_run)[-1] / "model")
-    sharded = read_model_weights(newest / "model")
+    full = ModelDir.open(list_checkpoints(finished_run)[-1] / "model").read_weights()
+    sharded = ModelDir.open(newest / "model").read_weights()
     assert sharded.keys() == full.keys() and all(torch.equal(sharded[k], full[k]) for k in full)
 
 
@@ -246,12 +244,12 @@ def test_damaged_dcp_shard_is_reported_and_skipped(dcp_run, finished_run, tmp_pa
 
 def test_front_doors_and_consolidate_read_a_dcp_checkpoint(dcp_run, tmp_path, capsys):
     newest = list_checkpoints(dcp_run)[-1]
-    assert resolve_model_dir(dcp_run) == resolve_model_dir(newest) == resolve_model_dir(newest / "model")
-    expected = read_model_weights(newest / "model")
+    assert ModelDir.open(dcp_run).path == ModelDir.open(newest).path == ModelDir.open(newest / "model").path
+    expected = ModelDir.open(newest / "model").read_weights()
     # generate / chat / serve / bench load through load_model, eval through load_model_and_data
     model, tokenizer = load_model(dcp_run, device="cpu")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
-    assert model.decode_defaults == json.loads((newest / "model" / "generation_config.json").read_text())
+    assert model.decode_settings.to_dict() == json.loads((newest / "model" / "generation_config.json").read_text())
     model, dataset, model_dir, _ = load_model_and_data(newest, device="cpu")
     assert model_dir == newest / "model" and torch.equal(model.embed.weight, expected["embed.weight"])
 
@@ -263,9 +261,9 @@ def test_front_doors_and_consolidate_read_a_dcp_checkpoint(dcp_run, tmp_path, ca
     assert capsys.readouterr().out.strip() == f"wrote {out}"
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
                                                      "tokenizer"]
-    plain = FullBandLM.from_pretrained(out)
+    plain = load_pretrained(out)
     assert all(torch.equal(plain.state_dict()[k], v) for k, v in expected.items())
-    assert resolve_model_dir(out) == out and find_tokenizer_dir(out) == out / "tokenizer"
+    assert ModelDir.open(out).path == out and ModelDir.open(out).tokenizer == out / "tokenizer"
     # a non-empty --out is refused, not overwritten
     assert main(["consolidate", str(dcp_run), "--out", str(out)]) == 2
     assert "already exists and is not an empty directory" in capsys.readouterr().err

@@ -99,12 +99,6 @@ def test_rank_rows_make_up_the_single_process_batch():
 
 
 def test_text_streams_are_refused():
-    split = _isolated_split()
-    split.isolate = False
-    with pytest.raises(ConfigError, match="length_curriculum needs a dataset of isolated documents"):
-        TokenLoader(split, LOADER_SEQ, LOADER_BATCH, curriculum_steps=3)
-    with pytest.raises(ConfigError, match="isolated documents"):
-        _ = TokenLoader(split, LOADER_SEQ, LOADER_BATCH).longest_documents
     for option in ({"schedule": "exact"}, {"length_curriculum": 0.5}):
         with pytest.raises(ConfigError, match="needs isolated documents"):
             tiny_config(data={"format": "text"}, train=option)
@@ -192,7 +186,7 @@ def test_resume_mid_curriculum_is_bitwise_exact(tmp_path, mixed_lengths):
 
 
 @pytest.mark.parametrize("option, message", [({"schedule": "exact"}, "schedule exact needs isolated documents"),
-                                             ({"length_curriculum": 0.5}, "length_curriculum needs a dataset")])
+                                             ({"length_curriculum": 0.5}, "length_curriculum needs isolated")])
 def test_training_on_a_text_stream_is_refused(tmp_path, parity_data, option, message):
     # data.format auto resolves to text only when the data is prepared: the trainer refuses then.
     with pytest.raises(ConfigError, match=message):

@@ -19,7 +19,7 @@ from test_train import BATCH, read_metrics, steps_of, tiny_raw, write_yaml
 from test_train_curriculum import _prompt_answer_data
 
 from fullband.config import build_config
-from fullband.storage import list_checkpoints, read_model_weights
+from fullband.storage import ModelDir, list_checkpoints
 from fullband.train import PassSchedule, train
 
 STEPS = 5
@@ -85,8 +85,8 @@ def test_two_processes_match_one(tmp_path, parity_data, parallel, grad_accum, re
     # weights match the single process's
     newest = list_checkpoints(dist_dir)[-1]
     assert (newest / "dcp" / "__1_0.distcp").is_file() == (parallel == "fsdp")
-    wa = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
-    wb = read_model_weights(newest / "model")
+    wa = ModelDir.open(list_checkpoints(tmp_path / "single")[-1] / "model").read_weights()
+    wb = ModelDir.open(newest / "model").read_weights()
     assert wa.keys() == wb.keys()
     for k in wa:
         assert (wa[k] - wb[k]).abs().max() < 1e-4, k
@@ -125,11 +125,11 @@ def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data
     uninterrupted = read_metrics(fsdp_two_processes)
     assert [(r["loss"], r["pass_losses"], r["grad_norm"]) for r in read_metrics(tmp_path / "two_two")] == [
         (r["loss"], r["pass_losses"], r["grad_norm"]) for r in uninterrupted]
-    theirs = read_model_weights(list_checkpoints(tmp_path / "two_two")[-1] / "model")
-    ours = read_model_weights(list_checkpoints(fsdp_two_processes)[-1] / "model")
+    theirs = ModelDir.open(list_checkpoints(tmp_path / "two_two")[-1] / "model").read_weights()
+    ours = ModelDir.open(list_checkpoints(fsdp_two_processes)[-1] / "model").read_weights()
     assert all(torch.equal(theirs[k], ours[k]) for k in ours)
 
-    weights = read_model_weights(list_checkpoints(tmp_path / "single")[-1] / "model")
+    weights = ModelDir.open(list_checkpoints(tmp_path / "single")[-1] / "model").read_weights()
     for run in ("two_one", "one_two"):
         metrics = read_metrics(tmp_path / run)
         assert [r["step"] for r in metrics] == list(range(1, STEPS + 1)), run
@@ -140,7 +140,7 @@ def test_fsdp_dcp_checkpoints_resume_at_another_world_size(tmp_path, parity_data
         last = list_checkpoints(tmp_path / run)[-1]
         assert json.loads((last / "trainer_state.json").read_text())["loader"] == json.loads(
             (list_checkpoints(tmp_path / "single")[-1] / "trainer_state.json").read_text())["loader"]
-        theirs = read_model_weights(last / "model")
+        theirs = ModelDir.open(last / "model").read_weights()
         assert theirs.keys() == weights.keys()
         for k in weights:
             assert (theirs[k] - weights[k]).abs().max() < 1e-4, (run, k)

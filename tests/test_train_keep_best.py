@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from test_train import steps_of, tiny_config
 
 from fullband.errors import ConfigError
-from fullband.loading import load_model, load_model_and_data, run_dir_of
-from fullband.storage import list_checkpoints, read_best
+from fullband.loading import load_model, load_model_and_data
+from fullband.storage import ModelDir, list_checkpoints, read_best
 from fullband.train import train
 
 parity_data = test_train.parity_data
@@ -50,7 +50,7 @@ def test_best_is_the_lowest_validation_loss_and_loads(tmp_path, parity_data):
     model, tokenizer = load_model(run / "best", device="cpu")  # a model directory with its tokenizer
     assert tokenizer.encode("01") and model.config.d_model == 32
     # the commands that read the run's config (fused:auto's cap) and data (fullband eval) find them
-    assert run_dir_of(run / "best") == run
+    assert ModelDir.open(run / "best").run.path == run
     assert load_model_and_data(run / "best", device="cpu")[3] == parity_data.resolve()
 
 

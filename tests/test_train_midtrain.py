@@ -12,8 +12,7 @@ from test_train import read_metrics, steps_of, tiny_config
 
 from fullband.data import prepare_dataset
 from fullband.errors import DataError
-from fullband.model import FullBandLM
-from fullband.storage import list_checkpoints
+from fullband.storage import list_checkpoints, load_pretrained
 from fullband.train import train
 from fullband.train.trainer import Trainer
 
@@ -52,7 +51,7 @@ def test_init_from_keeps_the_trunk_and_starts_fresh_fusion(standard_run, tmp_pat
     rows = read_metrics(tmp_path / "mid2")
     assert result.finished and [r["passes"] for r in rows][:3] == [1, 1, 1] and rows[3]["passes"] in (2, 3)
     assert all(r["loss"] == r["loss"] and not r["skipped"] for r in rows)
-    mid = FullBandLM.from_pretrained(list_checkpoints(tmp_path / "mid2")[-1] / "model")
+    mid = load_pretrained(list_checkpoints(tmp_path / "mid2")[-1] / "model")
     assert mid.config.d_model == 32 and mid.config.feedback_jitter == 0.05
     saved = (tmp_path / "mid2" / "config.yaml").read_text()
     assert "d_model: 32" in saved  # the run records the architecture it really trained
@@ -83,7 +82,7 @@ def test_init_from_with_another_tokenizer_is_a_clear_error(standard_run, tmp_pat
 
 def test_init_from_a_model_dir_with_a_smaller_vocabulary(standard_run, tmp_path):
     """A bare model directory (no tokenizer saved with it) whose vocabulary cannot hold the data's ids."""
-    model = FullBandLM.from_pretrained(list_checkpoints(standard_run)[-1] / "model")
+    model = load_pretrained(list_checkpoints(standard_run)[-1] / "model")
     bare = tmp_path / "bare"
     model.save_pretrained(bare)
     bpe_cfg = tiny_config(data={"tokenizer": "bpe", "bpe_vocab_size": 300})
@@ -115,5 +114,5 @@ def test_init_from_with_an_identity_fusion_starts_at_the_source_model_in_every_m
     for name, loss in start["loss"].items():
         assert loss == pytest.approx(gate["standard"], abs=1e-6), name
     assert abs(gate["fused(1)"] - gate["standard"]) > 1e-3
-    mid = FullBandLM.from_pretrained(list_checkpoints(runs["add"])[-1] / "model")
+    mid = load_pretrained(list_checkpoints(runs["add"])[-1] / "model")
     assert mid.config.fusion_init == "identity" and mid.fusion.proj.weight.abs().sum() > 0

@@ -1,9 +1,5 @@
-"""``fullband chat MODEL``: talk to an instruction-tuned model in the terminal, in any decode mode.
-
-Each user turn is added to the conversation, which is encoded with the model's chat template
-(``fullband.data.chat``); the answer streams until an end-of-turn token. ``--message`` (repeatable)
-runs a scripted conversation instead of reading from the terminal.
-"""
+"""``fullband chat MODEL``: talk to an instruction-tuned model in the terminal, in any decode mode
+(docs/instruction-tuning.md)."""
 
 from __future__ import annotations
 
@@ -13,13 +9,14 @@ from collections.abc import Iterable
 
 from fullband.cli_options import (
     add_decode_options,
+    add_device_options,
     add_sampling_options,
-    decode_overrides,
+    decode_from_args,
+    model_dtype,
     sampling_params,
     write_answer,
 )
 from fullband.data.chat import apply_chat_template, end_of_turn_ids
-from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
 from fullband.generation import generate_stream
 from fullband.loading import load_model
@@ -33,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--system", metavar="TEXT", help="a system message opening the conversation")
     add_decode_options(p, "fullband chat")
     add_sampling_options(p, "longest answer in tokens (default: 200)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.set_defaults(func=run)
     return p
 
@@ -53,8 +50,8 @@ def _user_turns(args: argparse.Namespace) -> Iterable[str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    model, tokenizer = load_model(args.model, args.device)
-    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    model, tokenizer = load_model(args.model, args.device, model_dtype(args))
+    decode = decode_from_args(model, args)
     # The turn ends at these: generate_stream also keeps them out until --min-tokens tokens are generated.
     sampling = sampling_params(args, args.max_new_tokens, end_of_turn_ids(tokenizer))
     stop = set(sampling.stop_token_ids)

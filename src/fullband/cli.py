@@ -17,15 +17,17 @@ from fullband.bench import cli as bench_cli
 from fullband.cli_options import (
     add_config_options,
     add_decode_options,
+    add_device_options,
     add_sampling_options,
     add_validation_data_options,
+    decode_from_args,
     decode_overrides,
+    model_dtype,
     sampling_params,
     write_answer,
 )
 from fullband.config import RunConfig, load_config
 from fullband.data import prepare_dataset
-from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
 from fullband.eval import evaluate, format_eval_table
 from fullband.generation import generate_stream
@@ -37,6 +39,11 @@ from fullband.storage import consolidate, verify
 from fullband.tools import jacobi, probe
 from fullband.tools.demo import run_demo
 from fullband.train import train
+
+# What a user can fix: fullband's own errors (a config, data, checkpoint, request or setting that cannot be used) and
+# the operating system's about the files and devices a command names (missing, unreadable, no space). They print as
+# one paragraph; anything else is a bug in fullband and keeps its traceback.
+USER_ERRORS = (FullbandError, OSError)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -80,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device)
+    model, dataset, model_dir, _ = load_model_and_data(args.checkpoint, args.data_dir, args.device, model_dtype(args))
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     batches = dataset.split(args.split).eval_batches(seq_len, args.batch_size, args.batches)
     result = evaluate(model, batches, args.fused_passes, sequential=not args.no_sequential)
@@ -91,8 +98,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    model, tokenizer = load_model(args.checkpoint, args.device)
-    settings = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    model, tokenizer = load_model(args.checkpoint, args.device, model_dtype(args))
+    settings = decode_from_args(model, args)
     prompt = encode_prompt(tokenizer, args.prompt)
     stats: dict[str, Any] = {}
     sampling = sampling_params(args, args.max_new_tokens, [tokenizer.eos_id])
@@ -177,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode_options(p, "fullband generate")
     add_sampling_options(p, "default: 200")
     p.add_argument("--stream", action="store_true", help="print tokens as they are produced")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="train a small standard transformer and a small FBT on the CPU and compare")
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         args.unknown_overrides[option[2:]] = rest.pop(0)
     try:
         args.func(args)
-    except (FullbandError, ValueError, OSError) as exc:  # bad input: one paragraph, no traceback
+    except USER_ERRORS as exc:
         print(f"fullband {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

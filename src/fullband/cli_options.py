@@ -14,10 +14,13 @@ from typing import Any
 
 import torch
 
-from fullband.architectures import FBT
+from fullband.architectures import FBT, LanguageModel
 from fullband.config import MODEL_CONFIGS, SECTIONS, field_help
 from fullband.data import Tokenizer
+from fullband.decoding import DecodeSettings
 from fullband.detokenize import StreamingDetokenizer
+from fullband.errors import ConfigError
+from fullband.generation import decode_settings
 from fullband.loading import PRESET_DIR
 from fullband.sampling import SamplingParams
 
@@ -65,7 +68,22 @@ def add_validation_data_options(parser: argparse.ArgumentParser, batches: int) -
     parser.add_argument("--batches", type=int, default=batches, help=f"number of batches (default: {batches})")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
+    add_device_options(parser)
+
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype of a command that opens a model: one rule for every door (``ModelDir.load``)."""
     parser.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--dtype", choices=DTYPES, help="the weights' (and KV cache's) dtype (default: the dtype the "
+                                                        "weights are stored in)")
+
+
+def model_dtype(args: argparse.Namespace) -> torch.dtype | None:
+    """The --dtype asked for (None: as stored)."""
+    return getattr(torch, args.dtype) if args.dtype else None
 
 
 def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation") -> None:
@@ -88,9 +106,17 @@ def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation"
 
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The decode settings fields given on the command line (``add_decode_options``)."""
-    return {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
-            "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}
+    """The decode settings fields given on the command line (``add_decode_options``), checked: a bad value fails
+    before the model is loaded."""
+    given = {"decode_mode": args.decode_mode, "fused_passes": args.fused_passes,
+             "fused_tol": args.fused_tol, "fused_max_passes": args.fused_max_passes}
+    DecodeSettings().with_overrides(**given)
+    return given
+
+
+def decode_from_args(model: LanguageModel, args: argparse.Namespace) -> DecodeSettings:
+    """What a command decodes with: the model's stored settings with the fields its command line gives replaced."""
+    return decode_settings(model, **decode_overrides(args))
 
 
 def _logit_bias_entry(text: str) -> tuple[int, float]:
@@ -134,7 +160,7 @@ def sampling_params(args: argparse.Namespace, max_tokens: int, end_ids: Iterable
     bias: dict[int, float] = {}
     for token, value in args.logit_bias or []:
         if token in bias:
-            raise ValueError(f"--logit-bias names token {token} twice")
+            raise ConfigError(f"--logit-bias names token {token} twice")
         bias[token] = value
     return SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_k=args.top_k,
                           top_p=args.top_p, seed=args.seed, logit_bias=bias, presence_penalty=args.presence_penalty,

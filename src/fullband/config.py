@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fullband.architectures import FBT, ModelConfig, arch_of, config_class, config_fields, model_class
+from fullband.architectures import FBT, ModelConfig, arch_of, config_class, model_class
 from fullband.baselines import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig
 from fullband.data.config import DataConfig, described
 from fullband.errors import ConfigError
@@ -155,10 +155,6 @@ class EvalConfig:
     )
 
 
-# Options fullband no longer has: a config that names one is told so, rather than that the option is unknown.
-REMOVED_OPTIONS = ("model.embed_norm", "train.last_pass_loss_from", "train.later_pass_weight_ramp",
-                   "train.fusion_lr_multiplier", "train.fusion_warmup_steps")
-
 # The model section's class is that of its model.arch (fullband.architectures): FullBandConfig unless it names another.
 SECTIONS: dict[str, type] = {"model": FullBandConfig, "data": DataConfig, "train": TrainConfig, "eval": EvalConfig}
 MODEL_CONFIGS = (FullBandConfig, BaselineConfig)
@@ -255,15 +251,20 @@ class RunConfig:
         if t.exact_mode == "sequential" and t.schedule == EXACT:
             self._check_sequential()
         d = self.data
-        # data.format auto is only resolved when the data is prepared; the trainer checks that case.
-        text_stream = d.isolate_documents is False or (d.isolate_documents is None and d.format == "text")
-        for option, on in (("train.schedule exact", t.schedule == EXACT),
-                           ("train.length_curriculum", t.length_curriculum > 0)):
-            if on and text_stream:
+        # data.format auto is only resolved when the data is prepared; the trainer checks that case with this.
+        if d.isolate_documents is False or (d.isolate_documents is None and d.format == "text"):
+            self.refuse_text_stream(f"data.format={d.format!r} with data.isolate_documents={d.isolate_documents}")
+
+    def refuse_text_stream(self, data: str) -> None:
+        """Refuse the options that need isolated documents (whole records packed into windows) on ``data``, which
+        cuts a text stream into windows."""
+        for option, on in (("train.schedule exact", self.train.schedule == EXACT),
+                           ("train.length_curriculum", self.train.length_curriculum > 0)):
+            if on:
                 raise ConfigError(
-                    f"{option} needs isolated documents (whole records packed into windows), but data.format="
-                    f"{d.format!r} with data.isolate_documents={d.isolate_documents} cuts a text stream into windows. "
-                    "Use data.format prompt_answer or chat (or data.isolate_documents true), or turn the option off."
+                    f"{option} needs isolated documents (whole records packed into windows), but {data} cuts a text "
+                    "stream into windows. Use data.format prompt_answer or chat (or data.isolate_documents true), or "
+                    "turn the option off."
                 )
 
     def _check_sequential(self) -> None:
@@ -414,9 +415,6 @@ def build_config(raw: dict[str, Any], overrides: dict[str, str] | None = None, s
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for key, (value, from_cli) in given.items():
-            if f"{section}.{key}" in REMOVED_OPTIONS:
-                where = f"--{section}.{key}" if from_cli else f"{source}: {section}.{key}"
-                raise ConfigError(f"{where}: this option was removed from fullband; leave it out")
             if key not in hints:
                 raise ConfigError(_unknown_field(section, key, set(hints), from_cli, source))
             kwargs[key] = coerce(value, hints[key], f"{section}.{key}", from_cli)
@@ -446,8 +444,7 @@ def _model_section(given: dict[str, tuple[Any, bool]], file_arch: Any,
     known = {f.name for f in dataclasses.fields(cls)}
     if from_cli and arch != file_arch:
         given = {key: (value, cli) for key, (value, cli) in given.items() if cli or key in known}
-    # The file's fields as a stored config's (config_fields: what an older run's config.yaml recorded for every kind).
-    filed = config_fields(arch, {key: value for key, (value, cli) in given.items() if not cli})
+    filed = {key: value for key, (value, cli) in given.items() if not cli} | ({} if arch == FBT else {"arch": arch})
     return cls, {**{key: (value, False) for key, value in filed.items()},
                  **{key: entry for key, entry in given.items() if entry[1]}}
 

@@ -1,18 +1,6 @@
-"""How a model decodes: one value, ``DecodeSettings``, parsed and checked here and nowhere else.
-
-A model's default settings depend on how it was trained, so they are stored with its weights
-(``generation_config.json`` beside ``config.json``, as Hugging Face stores generation defaults) and every
-front door — ``generate``, ``fullband generate``/``chat``/``bench``/``serve``, the lm-eval adapter and the
-Hugging Face export — starts from them, then applies what the caller overrides:
-
-- a model that never trained its fusion (a fresh or converted model, a ``standard`` schedule): ``standard``;
-  its soft and fused modes would feed back states through an untrained gate;
-- the paper's schedules (a few Jacobi passes): ``soft``, the paper's decoding;
-- the ``exact`` schedule (the recurrence over the whole prompt): ``fused`` with ``fused_passes="exact"``, the
-  exact recurrence's fixed point that Jacobi passes reach only after as many passes as the prompt has tokens,
-  computed token by token at the cost of one pass (``fused_max_passes``, the context, caps what a request may
-  ask of ``fused:auto``).
-"""
+"""How a model decodes: one value, ``DecodeSettings``, parsed and checked here and nowhere else. A model's
+defaults depend on how it was trained (``trained_with``), so they are stored with its weights and every door starts
+from them (docs/method.md §6, docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -27,9 +15,9 @@ from typing import Any, Literal, Protocol
 # absent, and transformers' remote-code loader skips imports inside try blocks.
 try:
     from fullband.errors import ConfigError as _ErrorBase
-    from fullband.model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+    from fullband.model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
 except ImportError:  # pragma: no cover - only in an export
-    from .fullband_model import DECODE_DEFAULTS_NAME, DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
+    from .fullband_model import DEFAULT_FUSED_MAX_PASSES, DEFAULT_FUSED_TOL, FullBandLM
 
     _ErrorBase = ValueError
 
@@ -37,6 +25,10 @@ MODES = ("standard", "soft", "fused")
 AUTO = "auto"
 EXACT = "exact"
 FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
+# A model directory's decode settings, beside config.json: the name under which Hugging Face stores generation
+# defaults, holding exactly ``to_dict()``. (An export keeps the same fields in its config.json, where its remote
+# code's config reads them; a converted model's own Hugging Face token-id defaults stay in its tokenizer/.)
+DECODE_SETTINGS_NAME = "generation_config.json"
 
 
 class TrainingSchedule(Protocol):
@@ -157,16 +149,12 @@ class DecodeSettings:
 
     @classmethod
     def of(cls, model: FullBandLM) -> DecodeSettings:
-        """The defaults stored with a model (``model.decode_defaults``; none: standard)."""
-        return cls.from_dict(model.decode_defaults, "the model's stored decode settings")
-
-    def store_in(self, model: FullBandLM) -> None:
-        """Make these the model's defaults; ``save_pretrained`` writes them beside the weights."""
-        model.decode_defaults = self.to_dict()
+        """The settings stored with a model (``model.decode_settings``; a fresh model has none: standard)."""
+        return model.decode_settings or cls()
 
     def save(self, directory: str | Path) -> None:
-        """Write them into a model directory, as ``save_pretrained`` writes a model's."""
-        (Path(directory) / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Write them into a model directory (``DECODE_SETTINGS_NAME``)."""
+        (Path(directory) / DECODE_SETTINGS_NAME).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def _passes(value: Any) -> int | Literal["auto", "exact"]:

@@ -1,15 +1,9 @@
-"""Text of generated tokens as they stream, for ``fullband generate --stream``, ``fullband chat`` and the server.
+"""Text of generated tokens as they stream (``generate --stream``, ``chat``, the server).
 
-Decoding the whole answer again at every token costs time quadratic in its length. ``StreamingDetokenizer``
-streams through ``tokenizers.decoders.DecodeStream``: it decodes only the ids of the last released piece (as
-context) and those after it, and releases text once it does not end in U+FFFD, so a character split over several
-byte-level tokens appears whole, and the text is that of decoding every id at once.
-
-Ids that are not UTF-8 (a model can emit any bytes) keep the text ending in U+FFFD, and ``DecodeStream`` would hold
-them, decoding ever more, until a character completes. So once more ids wait than one character can span, they are
-released up to the start of their incomplete tail where the text of the ids before it plus that of the tail is the
-text of all (the decoder starts a new character there), and the tail streams anew.
-"""
+Through ``tokenizers.decoders.DecodeStream``, which decodes only the last released piece and what follows (decoding
+the whole answer at every token is quadratic), and holds text ending in U+FFFD until a character completes. Ids that
+are not UTF-8 would be held forever: once more wait than one character can span, they are released up to the start
+of their incomplete tail, where the text splits exactly."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """The one decode loop: a batch of sequences stepped together, each prefilled, its logits adjusted, its token chosen
-(or given, when scoring), its top state fed back. ``generate`` and scoring (``fullband.generation``) run it over a
-fixed batch; the server runs it with continuous batching, requests joining and leaving the running batch.
-
-Layout (no change to the model is needed): all rows of the running batch share one KV-cache write position, as
-left padding does. Joining sequences are prefilled apart from the running batch (``model.prefill``: plain, or
-plain plus fused passes; those that need the same prefill together, left-padded), and each one's keys and values
-are copied into the batch cache right-aligned at the current write position (``KVCache.join``); the columns before
-them are masked for that row, and its RoPE positions continue from its own length. Each row therefore sees exactly
-its own tokens, contiguous and ending at the query, so sliding windows stay exact too. The first sequences of an
-empty batch keep their prefill cache, sized for their whole generation, so a fixed batch copies nothing.
-Standard rows pass no feedback (``plain_mask``), soft and fused rows fuse their own previous top state: all three
-modes share one batch. Finished or cancelled rows leave at once; columns that have become padding for every row are
-dropped (compaction) when the write position reaches the end of the cache.
-
-A request is one ``SamplingParams`` (``fullband.sampling``) and one ``DecodeSettings``. Each row's logits are
-adjusted by its own sampling fields (``BatchAdjuster``) and its token drawn with its own ``torch.Generator``, so a
-seeded row gives the same tokens whatever it is batched with (up to floating-point differences in the logits
-between batch shapes).
-"""
+(or given, when scoring), its top state fed back. ``generate`` and scoring run it over a fixed batch, the server
+with continuous batching (how rows join, share one cache and leave: docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -67,9 +50,6 @@ def left_pad(
         rows = [list(row) for row in input_ids]
     if not rows:
         raise ValueError("generate() needs at least one prompt")
-    for i, row in enumerate(rows):
-        if len(row) == 0:
-            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token (e.g. a BOS token)")
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
     mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
@@ -128,8 +108,6 @@ class Engine:
 
     def __init__(self, model: LanguageModel, max_batch: int = 16, max_queue: int = 256,
                  prefill_tokens: int | None = PREFILL_TOKENS):
-        if max_batch < 1 or max_queue < 0:
-            raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch} and {max_queue}")
         self.model = model
         self.max_batch, self.max_queue, self.prefill_tokens = max_batch, max_queue, prefill_tokens
         self.device = model.device

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from fullband.architectures import LanguageModel
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.generation import sequential_forward
+from fullband.model import relative_change
 
 
 @dataclass
@@ -27,15 +28,20 @@ class EvalResult:
                 "sequential_gap": self.sequential_gap}
 
 
+def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, T) next-token cross-entropy in float32, 0 where the target is not trained on."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="none").view(targets.shape)
+
+
 def _loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Summed next-token cross-entropy over the trained targets (callers divide by their count), in float32."""
-    return float(F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                 reduction="sum"))
+    """Summed next-token cross-entropy over the trained targets (callers divide by their count)."""
+    return float(token_losses(logits, targets).sum())
 
 
 def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-position ||a - b|| / ||b||, summed (callers divide by the position count)."""
-    return ((a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)).sum()
+    """Per-position ``relative_change`` of ``a`` from ``b``, summed (callers divide by the position count)."""
+    return relative_change(a, b).sum()
 
 
 @torch.no_grad()

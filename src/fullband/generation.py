@@ -1,17 +1,7 @@
-"""Decoding with a preallocated KV cache in the three modes of docs/method.md §6.
-
-- ``standard``: plain prefill, plain decoding.
-- ``soft``: plain prefill; every generated token is fused with the previous position's top state
-  (the first one with the prompt's last top state).
-- ``fused``: plain prefill plus ``fused_passes`` fused passes over the prompt (as in training: an integer, "auto"
-  or "exact", see ``DecodeSettings``); the KV cache of the last pass is kept; then decode as in soft. Pass
-  ``stats={}`` to learn how many passes each row ran.
-
-What a call does not say comes from the settings stored with the model (``fullband.decoding``).
-``generate``'s keywords (``temperature=``, ``mode=``, ...) are folded once, here, into one ``SamplingParams``
-(``fullband.sampling``) and one ``DecodeSettings``; the decode loop is the server's (``fullband.engine``), so a
-row's result does not depend on what it is batched with.
-"""
+"""The doors over a fixed batch: ``generate``, ``generate_stream`` and ``score_continuations`` in the decode modes of
+docs/method.md §6. Their keywords are folded once, here, into one ``SamplingParams`` and one ``DecodeSettings``
+(what a call leaves out comes from the model's stored settings); the decode loop is the server's
+(``fullband.engine``), so a row's result does not depend on what it is batched with."""
 
 from __future__ import annotations
 

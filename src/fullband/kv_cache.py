@@ -1,18 +1,9 @@
 """The KV cache of cached decoding: every layer's keys and values for a batch, preallocated and written in place.
 
-All rows share one write position, ``length`` (prompts are left-padded; rows that join a running batch are
-right-aligned at it). A boolean key mask marks, per row, which columns hold that row's real tokens, so
-padding is never attended to. Columns at or after ``length`` count as real until a write says otherwise:
-a forward that is given no attention mask then needs no mask write, and ``truncate``, ``join``, ``grow``
-and ``compact`` keep it so.
-
-Every change to a cache goes through the methods here (the serving engine, ``generate``, the
-Hugging Face cache and the model itself use nothing else), so the mask, the padding flag and the write
-position cannot fall out of step.
-
-This file imports nothing from the rest of the package on purpose: ``model.py`` imports it relatively and
-the Hugging Face export ships it next to the model file, so ``trust_remote_code`` models run this code.
-"""
+All rows share one write position, ``length`` (prompts left-padded, joining rows right-aligned at it); a boolean key
+mask marks each row's real columns. Every change goes through the methods here, so the mask, the padding flag and the
+write position cannot fall out of step. It imports nothing of the package: the Hugging Face export ships it beside
+``model.py``."""
 
 from __future__ import annotations
 

@@ -1,26 +1,5 @@
-"""lm-evaluation-harness (0.4.x) adapter: ``import fullband.lm_eval`` registers the ``fullband`` model.
-
-    lm_eval.simple_evaluate(model="fullband", model_args="pretrained=RUN,decode_mode=soft", tasks=[...])
-    fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=fused,fused_passes=2 --tasks ...
-
-``model_args`` are the arguments of ``FullbandLM`` (the table in docs/evaluation.md); the decode settings default
-to those stored with the model (``fullband.decoding``), so ``fused_passes=auto`` alone gets the stored cap. On
-lm-eval's command line give the batch size and device with its own ``--batch_size`` and ``--device`` flags, as
-for its ``hf`` model.
-
-Semantics (docs/evaluation.md):
-
-- ``loglikelihood``, ``scoring=decode``: the log-probability that ``generate`` in ``decode_mode`` assigns to
-  the continuation (``fullband.generation.score_continuations``); ``scoring=prefill``: the mode's prefill
-  passes (none in standard mode, ``fused_passes`` in fused mode) over context + continuation in parallel, the
-  validation-loss view.
-- ``loglikelihood_rolling``: the document in disjoint windows of ``max_length`` tokens (lm-eval's own
-  windowing), each scored as above; the first window is conditioned on the BOS token.
-- ``generate_until``: ``generate`` in ``decode_mode``, cut at the first ``until`` string.
-
-Contexts get the tokenizer's BOS token first, as ``fullband generate`` prompts do; a context that does not fit
-is truncated from the left.
-"""
+"""lm-evaluation-harness (0.4.x) adapter: ``import fullband.lm_eval`` registers the ``fullband`` model. Its
+``model_args`` and the semantics of each request type are in docs/evaluation.md."""
 
 from __future__ import annotations
 
@@ -44,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from fullband.decoding import DecodeSettings
+from fullband.errors import FullbandError
 from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
 from fullband.loading import default_device, load_model
 from fullband.sampling import SamplingParams
@@ -98,7 +78,7 @@ class FullbandLM(TemplateLM):
         # so every decode mode works on exports too).
         model, self.tokenizer_fb = load_model(pretrained, device or default_device())
         self.model = model.to(DTYPES[dtype])
-        self.decode = decode_settings(self.model, DecodeSettings.of(self.model).with_overrides(**overrides))
+        self.decode = decode_settings(self.model, **overrides)
         if scoring == "prefill" and self.decode.mode == "soft":
             raise ValueError("fullband lm-eval model: scoring=prefill runs a mode's prefill passes over the whole "
                              "text, which soft decoding does not have; give decode_mode=standard or fused")
@@ -234,5 +214,7 @@ def lm_eval_main(argv: list[str]) -> None:
     sys.argv = ["lm-eval", *argv]
     try:
         cli_evaluate()
+    except ValueError as exc:  # how lm-eval's command line reports its arguments' problems (an unknown task, ...)
+        raise FullbandError(f"lm-eval: {exc}") from None
     finally:
         sys.argv = saved

@@ -1,9 +1,5 @@
-"""``fullband lm-eval ARGS``: lm-evaluation-harness's own command line with the ``fullband`` model registered.
-
-Every argument goes to lm-eval unchanged (``fullband lm-eval --help`` shows lm-eval's help), e.g.
-``fullband lm-eval --model fullband --model_args pretrained=RUN,decode_mode=soft --tasks arc_easy``.
-Kept apart from ``fullband.lm_eval`` so that building the ``fullband`` parser does not import lm-eval.
-"""
+"""``fullband lm-eval ARGS``: lm-evaluation-harness's own command line with the ``fullband`` model registered; kept
+apart from ``fullband.lm_eval`` so that building the ``fullband`` parser does not import lm-eval."""
 
 from __future__ import annotations
 

@@ -39,8 +39,6 @@ CONFIG_NAME = "config.json"
 # moves by more than 0.1% in a pass; at most 8 fused passes (the paper's models train with up to 2).
 DEFAULT_FUSED_TOL = 1e-3
 DEFAULT_FUSED_MAX_PASSES = 8
-# The decode defaults stored beside the weights (fullband.decoding.DecodeSettings reads and checks them).
-DECODE_DEFAULTS_NAME = "generation_config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
@@ -133,7 +131,7 @@ class FullBandConfig:
         arch = data.pop("arch", "fbt")  # config.json names the model kind for the others (fullband.architectures)
         if arch != "fbt":
             raise ValueError(f"FullBandConfig: this is the config of a model.arch {arch!r} model, not the transformer "
-                             "(fbt); load it with fullband.architectures.load_pretrained")
+                             "(fbt); load it with fullband.storage.load_pretrained")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -442,10 +440,9 @@ class FullBandLM(nn.Module):
         self.fusion = Fusion(config)
         self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(config).float(), persistent=False)
-        # How this model decodes when a caller does not say, stored with the weights; the JSON form of
-        # fullband.decoding.DecodeSettings, which checks it. Empty: a fresh model, whose fusion is untrained,
-        # decodes in standard mode.
-        self.decode_defaults: dict[str, Any] = {}
+        # How this model decodes when a caller does not say (a fullband.decoding.DecodeSettings, stored with the
+        # weights). None: a fresh model, whose fusion is untrained, decodes in standard mode.
+        self.decode_settings = None
         # The distinct attention windows (None = full), one SDPA mask each; fixed by the config.
         self._windows = {layer.attn.window for layer in self.layers}
         # Activation checkpointing (set_activation_checkpointing): 0 = off, N = every N-th block. A training
@@ -676,13 +673,7 @@ class FullBandLM(nn.Module):
         if fused_passes == "exact":
             return self._exact_prefill(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                                        logits_to_keep)
-        adaptive = fused_passes == "auto"
-        if not adaptive and (not isinstance(fused_passes, int) or isinstance(fused_passes, bool) or fused_passes < 0):
-            raise ValueError(f"fused_passes must be a non-negative integer, 'auto' or 'exact', got {fused_passes!r}")
-        if adaptive and (not isinstance(fused_max_passes, int) or fused_max_passes < 1):
-            raise ValueError(f"fused_max_passes must be a positive integer, got {fused_max_passes!r}")
-        if adaptive and not fused_tol >= 0:
-            raise ValueError(f"fused_tol must be >= 0, got {fused_tol!r}")
+        adaptive = fused_passes == "auto"  # the values are checked where they enter (DecodeSettings)
         B, T = input_ids.shape
         if position_ids is None and attention_mask is not None:
             position_ids = mask_positions(attention_mask)
@@ -932,34 +923,13 @@ class FullBandLM(nn.Module):
     # ---- storage: config JSON + safetensors, never pickle -------------------------------------------
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """config.json, model.safetensors and the decode settings (fullband.storage.ModelDir opens them)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_weights(self.state_dict(), directory)
         self.config.save(directory / CONFIG_NAME)
-        if self.decode_defaults:
-            (directory / DECODE_DEFAULTS_NAME).write_text(json.dumps(self.decode_defaults, indent=2) + "\n")
-
-    @classmethod
-    def from_pretrained(
-        cls, directory: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-    ) -> FullBandLM:
-        """The model of ``directory`` (config.json + model.safetensors written by ``save_pretrained``). The command
-        line and the other doors load through ``fullband.architectures.load_pretrained``, which also reads run
-        directories, checkpoints and DCP shards."""
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        config = FullBandConfig.from_dict(read_config_file(directory))
-        weights = directory / WEIGHTS_NAME
-        if not weights.is_file():
-            raise FileNotFoundError(f"{directory} is not a fullband model directory: {WEIGHTS_NAME} is missing")
-        try:
-            state = load_file(str(weights))
-        except Exception as exc:  # safetensors raises its own error types for truncated files
-            raise ValueError(f"{weights} is unreadable or truncated: {exc}") from exc
-        model = cls.from_weights(config, state, device, dtype, source=str(weights))
-        model.decode_defaults = read_decode_defaults(directory)
-        return model
+        if self.decode_settings is not None:
+            self.decode_settings.save(directory)
 
     @classmethod
     def from_weights(
@@ -1034,9 +1004,14 @@ def prompt_plain(input_ids: torch.Tensor, real: torch.Tensor | None, position_id
     return plain_positions(input_ids, plain)
 
 
+def relative_change(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """(B, T) ||new_t - old_t|| / ||old_t|| per position, in float32."""
+    return (new - old).float().norm(dim=-1) / old.float().norm(dim=-1).clamp_min(1e-12)
+
+
 def max_relative_change(new: torch.Tensor, old: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B,) max over positions t (where ``mask``, (B, T) bool, is True) of ||new_t - old_t|| / ||old_t||."""
-    change = (new - old).float().norm(dim=-1) / old.float().norm(dim=-1).clamp_min(1e-12)
+    """(B,) max over positions t (where ``mask``, (B, T) bool, is True) of ``relative_change``."""
+    change = relative_change(new, old)
     if mask is not None:
         change = change.masked_fill(~mask, 0.0)
     return change.amax(dim=-1)
@@ -1054,29 +1029,6 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
 def shift_right(h: torch.Tensor) -> torch.Tensor:
     """Row t of the result is h[t-1]; row 0 is zero (position 0 is always plain, there is no h_0)."""
     return F.pad(h[:, :-1], (0, 0, 1, 0))
-
-
-def read_config_file(directory: Path) -> Any:
-    """The contents of a model directory's config.json (FileNotFoundError or ValueError naming what is wrong)."""
-    config_file = directory / CONFIG_NAME
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a fullband model directory: {CONFIG_NAME} is missing "
-                                "(expected config.json and model.safetensors written by save_pretrained)")
-    try:
-        return json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{config_file} is unreadable: {exc}") from None
-
-
-def read_decode_defaults(directory: Path) -> dict[str, Any]:
-    """The decode defaults stored beside a model's weights ({} where there are none)."""
-    path = directory / DECODE_DEFAULTS_NAME
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{path} is unreadable: {exc}") from None
 
 
 def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:

@@ -1,24 +1,6 @@
-"""The OpenAI and vLLM sampling fields that adjust a row's logits before a token is chosen, computed in one place
-for every door (``generate``, ``fullband generate`` / ``chat``, ``fullband serve``) and every decode mode.
-
-- ``logit_bias`` (OpenAI): token id -> a bias in [-100, 100] added to that token's logit.
-- ``repetition_penalty`` (vLLM, transformers' ``RepetitionPenaltyLogitsProcessor``): every token that occurs in the
-  prompt or among the tokens generated so far has its logit divided by the penalty when positive, multiplied by it
-  when negative; 1 changes nothing.
-- ``frequency_penalty`` and ``presence_penalty`` (OpenAI, in [-2, 2]): ``logit[j] -= c[j] * frequency_penalty +
-  (c[j] > 0) * presence_penalty``, where ``c[j]`` counts token j among the tokens generated so far (not the prompt).
-- ``min_tokens`` (vLLM): the row's end tokens (eos and its stop token ids) get logit -inf until it has generated
-  that many tokens.
-
-They apply in vLLM's order (min_tokens, logit_bias, repetition, frequency and presence), before the temperature,
-top-k and top-p, so greedy decoding takes the argmax of the adjusted logits.
-``BatchAdjuster`` keeps what the fields need per row (its tokens so far, counts of the generated ones), so the rows
-of one batch may each carry their own fields: a row's adjusted logits never depend on the other rows.
-
-``check_request`` is the one check of a request's parameters (prompt, token budget, temperature, top-k, top-p, the
-fields above, stop token ids, log-probabilities) for every door; what a door allows beyond the model's own limits
-is its ``RequestLimits``. A refused parameter raises ``RequestError``, whose ``param`` names it as data.
-"""
+"""The OpenAI and vLLM sampling fields that adjust a row's logits before a token is chosen, computed in one place for
+every door and decode mode (docs/api.md), and ``check_request``, the one check of a request's parameters; a
+refused parameter raises ``RequestError``, whose ``param`` names it as data."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The passes of a training step: how many (the pass schedule of docs/method.md §5) and which of them carry
-the loss (``PASS_LOSSES``, docs/method.md §4). The run config validates both, below the trainer, so they live
-outside ``fullband.train``.
-
-The schedule: phases over the fraction of the token budget, each a distribution over the number of passes K.
-K is drawn from a generator seeded by (seed, step), so every rank of a distributed run, and a resumed run,
-draw the same K for the same step.
-
-The ``exact`` schedule has no phases: K of a step is the longest document of its batch, which only the
-trainer knows (it reads it from the data loader, the same on every rank)."""
+"""The passes of a training step: how many (the pass schedule, docs/method.md §5) and which carry the loss
+(``PASS_LOSSES``, §4). K is drawn per (seed, step), so every rank and a resumed run draw the same K. The run config
+validates both, so they live below ``fullband.train``."""
 
 from __future__ import annotations
 

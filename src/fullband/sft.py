@@ -1,17 +1,5 @@
-"""``fullband sft MODEL``: instruction tuning of a fullband model on chat (or prompt_answer) records.
-
-It is ``fullband train --init-from MODEL`` with the defaults instruction tuning needs:
-
-- data.format chat, and data.tokenizer the model's own tokenizer (extended with fullband's chat tokens
-  when it has no chat template of its own; the model's vocabulary grows by those tokens);
-- train.schedule fixed:3 (the paper post-trains with three passes throughout) and train.init_fusion auto
-  (an FBT keeps its trained fusion weights);
-- the training and evaluation settings of the model's own run (seq_len, batch size, lr, ...) when it has
-  one, so the model is fine-tuned the way it was trained.
-
-Then ``--config FILE`` and ``--section.field VALUE`` options apply as in ``fullband train``. Validation
-reports the loss on the trained tokens (assistant turns) per decode mode. See docs/instruction-tuning.md.
-"""
+"""``fullband sft MODEL``: instruction tuning, i.e. ``fullband train --init-from MODEL`` with the defaults it needs
+(docs/instruction-tuning.md)."""
 
 from __future__ import annotations
 
@@ -25,7 +13,7 @@ from fullband.config import build_config, read_sections
 from fullband.errors import ConfigError
 from fullband.eval import format_eval_table
 from fullband.loading import preset_path
-from fullband.storage import RunDir, find_tokenizer_dir, resolve_model_dir
+from fullband.storage import ModelDir
 from fullband.train import train
 
 SFT_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -47,19 +35,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return p
 
 
-def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
+def sft_raw_config(model_dir: ModelDir, config_file: Path | None = None) -> dict[str, dict[str, Any]]:
     """The nested config of an SFT run of ``model_dir`` before command-line overrides (see the module doc)."""
     raw: dict[str, dict[str, Any]] = {}
-    run = RunDir.of(model_dir)
-    run_config = run.config_file if run is not None else None
+    run_config = model_dir.run.config_file if model_dir.run is not None else None
     if run_config is not None and run_config.is_file():
         # The run's data section describes its pretraining corpus, not the chat data.
         raw = {k: dict(v or {}) for k, v in read_sections(run_config).items() if k in ("model", "train", "eval")}
     for section, values in SFT_DEFAULTS.items():
         raw.setdefault(section, {}).update(values)
-    tokenizer_dir = find_tokenizer_dir(model_dir)
-    if tokenizer_dir is None:
-        raise ConfigError(f"{model_dir} has no tokenizer saved with it; SFT needs the model's tokenizer "
+    tokenizer_dir = model_dir.tokenizer
+    if tokenizer_dir is None or tokenizer_dir == model_dir.path:  # an export's tokenizer.json is not a fullband one
+        raise ConfigError(f"{model_dir.path} has no tokenizer saved with it; SFT needs the model's tokenizer "
                           "(a run, checkpoint or model directory written by fullband or `fullband convert`)")
     raw["data"]["tokenizer"] = str(tokenizer_dir)
     if config_file is not None:
@@ -72,7 +59,7 @@ def sft_raw_config(model_dir: Path, config_file: Path | None = None) -> dict[str
 
 def run(args: argparse.Namespace) -> None:
 
-    model_dir = resolve_model_dir(args.model)
+    model_dir = ModelDir.open(args.model, hashes=True)  # weights to train on: hashed
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     overrides.update(getattr(args, "unknown_overrides", {}))
     saved = Path(args.out_dir) / "config.yaml"

@@ -1,33 +1,9 @@
-"""Model directories and training checkpoints on disk: finding, verifying and reading them. Everything that
-loads a model (``fullband generate``/``chat``/``serve``/``bench``, the Hugging Face export, lm-eval) goes
-through here; only the trainer writes (``fullband.train.checkpoint``), so this module sits below both.
-
-Layout of ``RUN/checkpoints/step_00000100/``::
-
-    model/config.json, model/model.safetensors, model/generation_config.json, model/tokenizer/
-                              (a loadable model directory, with the decode settings the run implies)
-    optimizer.pt, rng.pt      (tensors and plain values only: loaded with weights_only=True)
-    trainer_state.json        (step, tokens, loader position, counters)
-    manifest.json             (written last: every file's size and sha256)
-
-A DCP checkpoint (``train.checkpoint_format: dcp``) has the same layout but for the weights and optimizer state,
-which every rank wrote as its own shards with ``torch.distributed.checkpoint``, beside the model directory::
-
-    model/config.json, model/generation_config.json, model/tokenizer/   (no model.safetensors)
-    dcp/.metadata, dcp/__0_0.distcp, dcp/__1_0.distcp, ...             ({"model": ..., "optimizer": ...})
-    rng.pt, trainer_state.json, manifest.json                            (manifest.json: "format": "dcp")
-
-Its ``model/`` is still a model directory every door resolves: ``read_model_weights`` consolidates the model's
-tensors from the shards in one process (no process group, no optimizer state read).
-
-With ``train.keep_best``, ``RUN/best/`` holds the model of the best validation so far the same way
-(model/, best.json, manifest.json): ``fullband bench RUN/best`` loads it.
-"""
+"""Model directories and training checkpoints on disk: finding, verifying, opening and writing them. Every door
+that opens a model goes through ``ModelDir``; the layouts are in docs/checkpoints.md."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -46,8 +22,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from fullband.architectures import LanguageModel, ModelConfig, arch_of, config_from_dict, model_class
+from fullband.decoding import DECODE_SETTINGS_NAME, DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.model import CONFIG_NAME, DECODE_DEFAULTS_NAME, WEIGHTS_NAME, write_weights
+from fullband.files import file_problem
+from fullband.model import CONFIG_NAME, WEIGHTS_NAME, write_weights
 
 MANIFEST = "manifest.json"
 PREFIX = "step_"
@@ -107,15 +86,6 @@ class RunDir:
         return values if isinstance(values, dict) else {}
 
 
-def sha256_of(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """Complete-looking checkpoint directories (renamed into place), oldest first."""
     root = RunDir(Path(run_dir)).checkpoints
@@ -135,17 +105,10 @@ def verify_checkpoint(path: Path, hashes: bool = True) -> None:
         files = json.loads(manifest.read_text())["files"]
     except (json.JSONDecodeError, KeyError) as exc:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({exc})") from None
-    for name, meta in files.items():
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"checkpoint {path}: {name} is missing")
-        if file.stat().st_size != meta["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {path}: {name} has {file.stat().st_size} bytes, the manifest says {meta['bytes']} "
-                "(truncated or overwritten)"
-            )
-        if hashes and sha256_of(file) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupt)")
+    for name, record in files.items():
+        problem = file_problem(path / name, record, hashes, name)
+        if problem:
+            raise CheckpointError(f"checkpoint {path}: {problem}")
 
 
 def latest_valid_checkpoint(run_dir: Path, hashes: bool = True) -> Path | None:
@@ -170,29 +133,6 @@ def read_best(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((path / "best.json").read_text())
     except (CheckpointError, OSError, json.JSONDecodeError):
         return None
-
-
-def resolve_model_dir(path: str | os.PathLike, hashes: bool = False) -> Path:
-    """Accept a model directory, a training checkpoint, or a run directory (its newest valid
-    checkpoint) and return the model directory (config.json + model.safetensors) inside. A checkpoint is checked
-    against its manifest (every file present with its size; with ``hashes`` also its sha256, as training does)."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist")
-    if (path / "config.json").is_file() and ((path / "model.safetensors").is_file() or dcp_dir_of(path)):
-        return path
-    if (path / "model" / "config.json").is_file():
-        verify_checkpoint(path, hashes)
-        return path / "model"
-    if RunDir(path).checkpoints.is_dir():
-        latest = latest_valid_checkpoint(path, hashes)
-        if latest is None:
-            raise CheckpointError(f"run directory {path} has no complete checkpoint")
-        return latest / "model"
-    raise CheckpointError(
-        f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
-        "(model/ + manifest.json) nor a run directory (checkpoints/)"
-    )
 
 
 def verify(path: str | os.PathLike) -> list[Path]:
@@ -244,23 +184,9 @@ def checkpoint_format(path: Path) -> str:
     return "dcp" if (Path(path) / DCP_DIR).is_dir() else "full"
 
 
-def dcp_dir_of(model_dir: Path) -> Path | None:
-    """The shards holding the weights of a DCP checkpoint's ``model/`` directory (``../dcp``), else None."""
-    model_dir = Path(model_dir)
-    shards = model_dir.parent / DCP_DIR
-    if model_dir.name == "model" and not (model_dir / WEIGHTS_NAME).is_file() and (shards / ".metadata").is_file():
-        return shards
-    return None
-
-
-def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The model's full tensors on the CPU: ``model.safetensors``, or for a DCP checkpoint's ``model/`` the
-    ``model.*`` entries of its shards, consolidated in this process whatever the world size that wrote them
-    (no process group needed, the optimizer state is not read)."""
-    model_dir = Path(model_dir)
-    shards = dcp_dir_of(model_dir)
-    if shards is None:
-        return read_safetensors(model_dir / WEIGHTS_NAME)
+def read_dcp_model(shards: Path) -> dict[str, torch.Tensor]:
+    """The ``model.*`` entries of a DCP checkpoint's shards as full tensors on the CPU, consolidated in this process
+    whatever the world size that wrote them (no process group needed, the optimizer state is not read)."""
     try:
         reader = FileSystemReader(str(shards))
         entries = reader.read_metadata().state_dict_metadata
@@ -279,28 +205,132 @@ def read_model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return {key.removeprefix(prefix): tensor for key, tensor in state.items()}
 
 
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """A model on disk, opened once from whatever path a user gives: a run directory (its newest valid checkpoint),
+    a checkpoint or ``best/`` (checked against its manifest: sizes, and with ``hashes`` sha256), a model directory,
+    a DCP checkpoint's ``model/`` or an ``export-hf`` directory. It holds what every door needs before the
+    weights; ``read_weights`` and ``load`` read them, once."""
+
+    path: Path  # the directory holding config.json
+    config: ModelConfig
+    decode: DecodeSettings  # stored with the weights; standard where none are (a fresh or converted model)
+    tokenizer: Path | None  # MODEL/tokenizer, else the run's tokenizer/; an export holds its own tokenizer.json
+    run: RunDir | None  # the training run of a checkpoint or best/ model
+    weight_files: tuple[Path, ...]  # safetensors files (an export's may be sharded); none in a DCP checkpoint
+    shards: Path | None = None  # a DCP checkpoint's shards, which hold its weights
+    prefix: str = ""  # the weights' name prefix in the files ("model." in an export)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, hashes: bool = False) -> ModelDir:
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError(f"{path} does not exist")
+        if not (path / CONFIG_NAME).is_file():
+            path = _model_dir_in(path, hashes)
+        data = read_json(path / CONFIG_NAME)
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{path / CONFIG_NAME}: expected a JSON object")
+        if data.get("model_type") == "fullband" and isinstance(data.get("fullband"), dict):
+            return cls._export(path, data)
+        shards = path.parent / DCP_DIR
+        if (path / WEIGHTS_NAME).is_file() or path.name != MODEL_KEY or not (shards / ".metadata").is_file():
+            shards = None
+        if shards is None and not (path / WEIGHTS_NAME).is_file():
+            raise CheckpointError(f"{path} is not a fullband model directory: {WEIGHTS_NAME} is missing")
+        decode_file = path / DECODE_SETTINGS_NAME
+        decode = (DecodeSettings.from_dict(read_json(decode_file), str(decode_file)) if decode_file.is_file()
+                  else DecodeSettings())
+        run = RunDir.of(path)
+        tokenizer = next((d for d in (path / "tokenizer", run.tokenizer if run else None) if d and d.is_dir()), None)
+        return cls(path, _config(data, path), decode, tokenizer, run,
+                   () if shards is not None else (path / WEIGHTS_NAME,), shards)
+
+    @classmethod
+    def _export(cls, path: Path, data: dict[str, Any]) -> ModelDir:
+        """An ``export-hf`` directory: the fullband config under "fullband", the decode settings at the top level
+        (where its remote code's config reads them), the weights under the "model." prefix, sharded or not."""
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            files = tuple(path / name for name in sorted(set(read_json(index)["weight_map"].values())))
+        elif (path / WEIGHTS_NAME).is_file():
+            files = (path / WEIGHTS_NAME,)
+        else:
+            raise CheckpointError(f"{path} has a fullband config.json but no {WEIGHTS_NAME}")
+        if not (path / "tokenizer.json").is_file():
+            raise CheckpointError(f"{path} holds no tokenizer.json: re-export it with this version of fullband "
+                                  "(`fullband export-hf`), or load the model directory it was exported from")
+        return cls(path, _config(data["fullband"], path), DecodeSettings.from_dict(data, str(path / CONFIG_NAME)),
+                   path, None, files, prefix="model.")
+
+    def read_weights(self) -> dict[str, torch.Tensor]:
+        """The model's full tensors on the CPU, by their names in the model."""
+        if self.shards is not None:
+            return read_dcp_model(self.shards)
+        state = {}
+        for file in self.weight_files:
+            state.update(read_safetensors(file))
+        return {key.removeprefix(self.prefix): value for key, value in state.items()} if self.prefix else state
+
+    def load(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> LanguageModel:
+        """The model, in eval mode, on ``device`` (default: the CPU) in ``dtype`` (default: the dtype its weights
+        are stored in), with its stored decode settings; built on the meta device around the weights."""
+        state = self.read_weights()
+        stored = next((v.dtype for v in state.values() if v.is_floating_point()), None)
+        try:
+            model = model_class(arch_of(self.config)).from_weights(self.config, state, device, dtype or stored,
+                                                                   source=str(self.path))
+        except ValueError as exc:  # weights that do not match the config
+            raise CheckpointError(str(exc)) from None
+        model.decode_settings = self.decode
+        return model.eval()
+
+
+def _model_dir_in(path: Path, hashes: bool) -> Path:
+    """The model directory of a checkpoint (or best/) or of a run directory's newest valid checkpoint."""
+    if (path / MODEL_KEY / CONFIG_NAME).is_file():
+        verify_checkpoint(path, hashes)
+        return path / MODEL_KEY
+    if RunDir(path).checkpoints.is_dir():
+        latest = latest_valid_checkpoint(path, hashes)
+        if latest is None:
+            raise CheckpointError(f"run directory {path} has no complete checkpoint")
+        return latest / MODEL_KEY
+    raise CheckpointError(f"{path} is neither a model directory (config.json + model.safetensors), a checkpoint "
+                          "(model/ + manifest.json) nor a run directory (checkpoints/)")
+
+
+def _config(data: Any, path: Path) -> ModelConfig:
+    try:
+        return config_from_dict(data, str(path / CONFIG_NAME))
+    except ValueError as exc:  # a field or value this version of fullband does not know
+        raise CheckpointError(f"{path / CONFIG_NAME}: {exc}") from None
+
+
+def load_pretrained(path: str | os.PathLike, device: str | torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> LanguageModel:
+    """The model alone: ``ModelDir.open(path).load(device, dtype)``."""
+    return ModelDir.open(path).load(device, dtype)
+
+
 def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Write the model of ``source`` (a run directory, checkpoint or model directory, DCP or full) to ``out``
     as a plain model directory: config.json, model.safetensors, generation_config.json and tokenizer/."""
-    model_dir, out = resolve_model_dir(source, hashes=True), Path(out)
+    model_dir, out = ModelDir.open(source, hashes=True), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
-    weights = read_model_weights(model_dir)
+    weights = model_dir.read_weights()
     out.mkdir(parents=True, exist_ok=True)
     write_weights(weights, out)
-    for name in (CONFIG_NAME, DECODE_DEFAULTS_NAME):
-        if (model_dir / name).is_file():
-            shutil.copyfile(model_dir / name, out / name)
-    tokenizer = find_tokenizer_dir(model_dir)
-    if tokenizer is not None:
-        shutil.copytree(tokenizer, out / "tokenizer")
+    model_dir.config.save(out / CONFIG_NAME)
+    model_dir.decode.save(out)
+    if model_dir.tokenizer is not None:
+        shutil.copytree(model_dir.tokenizer, out / "tokenizer")
     return out
-
-
-def find_tokenizer_dir(model_dir: Path) -> Path | None:
-    """The tokenizer saved with a model: MODEL/tokenizer, else its run's tokenizer/."""
-    run = RunDir.of(model_dir)
-    for candidate in (model_dir / "tokenizer", run.tokenizer if run is not None else None):
-        if candidate is not None and candidate.is_dir():
-            return candidate
-    return None

@@ -120,7 +120,7 @@ class RecurrentLM(nn.Module):
         if config.arch != self.arch:
             raise ValueError(f"model.arch {config.arch!r}: {type(self).__name__} is the arch {self.arch!r} model")
         self.config = config
-        self.decode_defaults: dict[str, Any] = {}  # as FullBandLM's: standard, the only mode it has
+        self.decode_settings = None  # as FullBandLM's: standard, the only mode it has
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
 
     def add_head(self) -> None:

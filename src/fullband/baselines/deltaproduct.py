@@ -1,31 +1,8 @@
-"""A linear-RNN baseline with input-dependent transitions and negative eigenvalues (``model.arch: deltaproduct``).
-
-DeltaProduct (Siems et al. 2025, "DeltaProduct: Improving State-Tracking in Linear RNNs via Householder Products",
-arXiv 2502.10297) with the eigenvalue range [-1, 1] of Grazzi et al. (ICLR 2025, "Unlocking State-Tracking in
-Linear RNNs Through Negative Eigenvalues", arXiv 2411.12537), in plain PyTorch
-(chunkwise triangular solves; no kernels).
-
-Embedding -> n_layers blocks -> RMSNorm -> the head (tied to the embedding or not). A block is
-``x + Mixer(RMSNorm(x))`` then ``x + MLP(RMSNorm(x))`` (the FBT's SwiGLU MLP, d_ff hidden). The mixer has n_heads
-heads of width d = d_model // n_heads, each with a state S in R^{d x d}, zero at each document start. For each
-token x_t and each of n_h = ``householder_steps`` sub-steps j (n_h = 1 is DeltaNet):
-
-    k = L2norm(SiLU(W_k^j x_t)),  v = W_v^j x_t,  beta = 2 sigmoid(w_beta^j . x_t) in (0, 2)
-    S <- S (I - beta k k^T) + beta v k^T
-
-so the state transition of a token is a product of n_h generalised Householder matrices I - beta k k^T, whose
-eigenvalue along k is 1 - beta in (-1, 1): a reflection when beta is near 2 (Grazzi et al.'s range; DeltaNet's
-beta in (0, 1) keeps every eigenvalue in [0, 1] and cannot flip a sign, so it cannot count parity). The output is
-``o_t = S q_t`` with q = L2norm(SiLU(W_q x_t)) (the SiLU before the L2 norm on q and k as in DeltaNet and the
-DeltaProduct paper's flash-linear-attention layers), an RMSNorm over each head's output and W_o. Left out of
-those layers: the short convolutions on q, k, v and the output gate.
-
-It is trained by the same trainer on the same packed batches (one pass: ``train.schedule standard``; each packed
-document starts from S = 0) and decoded by the same ``generate`` in standard mode with its states as the cache
-(``DeltaState``: (n_layers, B, n_heads, d, d)), so a decode step costs O(1) whatever the context. Tokens that
-``attention_mask`` marks as padding get beta = 0: they neither decay nor write S. Like the LSTM it has no latent
-feedback, so soft and fused decoding, Jacobi passes and the exact schedule are refused.
-"""
+"""A linear-RNN baseline with input-dependent transitions and negative eigenvalues (``model.arch: deltaproduct``):
+DeltaProduct (Siems et al. 2025, arXiv 2502.10297) with beta in (0, 2) (Grazzi et al., arXiv 2411.12537), in plain
+PyTorch. Its equations and options are in docs/cli.md; like the LSTM it has no latent feedback, and decodes in
+standard mode with its states (``DeltaState``) as the cache. Left out of the paper's layers: the short
+convolutions on q, k, v and the output gate."""
 
 from __future__ import annotations
 

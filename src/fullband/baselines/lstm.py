@@ -1,11 +1,6 @@
-"""A recurrent baseline: torch's LSTM as a language model (``model.arch: lstm``).
-
-Embedding -> ``nn.LSTM`` (n_layers layers of width d_model) -> RMSNorm -> the head (tied to the embedding or
-not). It is trained by the same trainer on the same packed batches (one pass: ``train.schedule standard``) and
-decoded by the same ``generate`` in standard mode, with its recurrent state as the cache, so a decode step
-costs O(1) whatever the context. It has no latent feedback to fuse, so soft and fused decoding, Jacobi passes
-and the exact schedule are refused, not imitated.
-"""
+"""A recurrent baseline: torch's LSTM as a language model (``model.arch: lstm``), trained by the same trainer and
+decoded by the same ``generate`` in standard mode with its state as the cache. It has no latent feedback, so the
+other modes and schedules are refused, not imitated."""
 
 from __future__ import annotations
 

@@ -10,10 +10,11 @@ from typing import Any
 from fullband.bench.runner import BenchSettings, parse_modes, parse_temperatures, run_bench
 from fullband.bench.sandbox import ALLOW_FLAG, GUARD, Limits, bubblewrap_problem
 from fullband.bench.tasks import HumanEvalTask, make_task
-from fullband.decoding import DecodeSettings
+from fullband.cli_options import add_device_options, model_dtype
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
-from fullband.loading import load_model, run_config_section, run_dir_of
+from fullband.loading import load_model
+from fullband.storage import ModelDir, RunDir
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -55,16 +56,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "resource limits and a cut network only, able to read, change and delete your files (default: "
                    "refuse). Only inside a disposable container or VM")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default: 1000)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip accuracy.png and lengths.png")
     p.set_defaults(func=run)
     return p
 
 
-def run_data_settings(run_dir: Path | None) -> dict[str, Any]:
+def run_data_settings(run: RunDir | None) -> dict[str, Any]:
     """data.seed and data.synthetic_val_examples of the run the model was trained in, if known."""
-    data = run_config_section(run_dir, "data")
+    data = run.config_section("data") if run is not None else {}
     return {k: data[k] for k in ("seed", "synthetic_val_examples") if isinstance(data.get(k), int)}
 
 
@@ -89,7 +90,8 @@ def run(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if ks[-1] > args.samples and any(t > 0 for t in temperatures):
         raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
-    recorded = run_data_settings(run_dir_of(args.model))
+    model_dir = ModelDir.open(args.model)
+    recorded = run_data_settings(model_dir.run)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
     # Tasks first: a missing package or a sandbox that cannot run fails before the model is loaded.
@@ -101,8 +103,8 @@ def run(args: argparse.Namespace) -> None:
     if any(isinstance(t, HumanEvalTask) and t.isolation == GUARD for t in tasks):
         print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
               f"{bubblewrap_problem()}", file=sys.stderr)
-    model, tokenizer = load_model(args.model, args.device)
-    base = DecodeSettings.of(model).with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
+    model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
+    base = decode_settings(model, fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
     modes = parse_modes(args.modes or base.label, base)
     for mode in modes:
         decode_settings(model, mode)  # a mode the model cannot decode in (a baseline's soft) fails before any task runs

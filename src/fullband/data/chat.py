@@ -1,16 +1,8 @@
-"""Chat templates and loss masks for instruction tuning.
+"""Chat templates and loss masks for instruction tuning (docs/instruction-tuning.md).
 
-A tokenizer with its own Jinja ``chat_template`` (Hugging Face tokenizers) uses it. Every other tokenizer
-uses fullband's built-in ChatML-style template, whose turn delimiters are special tokens added by
-``Tokenizer.with_chat_tokens()``::
-
-    <bos><|im_start|>user\\n{content}<|im_end|>\\n<|im_start|>assistant\\n{content}<|im_end|>\\n ...
-
-A conversation is encoded segment by segment between special tokens, exactly as a Hugging Face tokenizer
-splits the rendered text at its special tokens, so ``apply_chat_template`` here and the exported
-tokenizer's ``apply_chat_template`` give the same ids. Training documents (``encode_record``) use the same
-encoding, so the prompt a chat model sees at inference is the one it was trained on.
-"""
+A conversation is encoded segment by segment between special tokens, as a Hugging Face tokenizer splits the
+rendered text at its special tokens, so the exported tokenizer's ``apply_chat_template`` gives the same ids, and
+training documents (``encode_record``) use the same encoding as inference."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows.
+"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows (docs/method.md).
 
-The token stream of a split is cut into windows of seq_len + 1 tokens at stride seq_len (window i
-starts at token i*seq_len; consecutive windows share one token so every token is a target once per
-epoch). Each epoch visits every window once in an order shuffled by (seed, epoch). A step takes the
-next `batch_size` windows of that global order and rank r keeps rows r::world_size, so the union of
-all ranks' rows is exactly what a single process would see: the world size can change on resume.
-Datasets with isolated documents (chat, prompt_answer) pack whole documents into windows instead
-(``TokenSplit.window_starts``).
-
-A length curriculum (``curriculum_steps`` > 0, isolated documents only) replaces the first steps'
-batches: step s draws its windows from those whose longest document fits a limit that grows with s, by a
-generator seeded by (seed, step, micro-batch). Those steps do not move the epoch order, so the ordinary
-shuffled epochs start after the curriculum, and a resumed run draws the same windows without extra state.
-"""
+A step takes the next ``batch_size`` windows of one global order shuffled per (seed, epoch) and rank r keeps rows
+r::world_size, so the world size can change on resume; a length curriculum draws its steps' windows by a generator
+seeded per (seed, step, micro-batch) and does not move the epoch order, so a resumed run needs no extra state."""
 
 from __future__ import annotations
 
@@ -56,14 +46,6 @@ class TokenLoader:
                 f"batch_size={batch_size} (rows per step over all ranks) must be a positive multiple of "
                 f"world_size={world_size}, so every rank gets the same number of rows; adjust batch_size."
             )
-        if curriculum_steps < 0:
-            raise ConfigError(f"curriculum_steps={curriculum_steps} must be >= 0 (0: no length curriculum).")
-        if curriculum_steps and not split.isolate:
-            raise ConfigError(
-                "train.length_curriculum needs a dataset of isolated documents (data.format chat or "
-                "prompt_answer, or data.isolate_documents true): windows cut from a text stream have no document "
-                "length to order them by. Set train.length_curriculum 0 for this dataset."
-            )
         check_split_length(split, seq_len)
         self.split, self.seq_len, self.batch_size = split, seq_len, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
@@ -80,12 +62,8 @@ class TokenLoader:
 
     @property
     def longest_documents(self) -> np.ndarray:
-        """Per window, its longest trained document in tokens (capped at seq_len + 1); isolated documents only."""
-        if not self.split.isolate:
-            raise ConfigError(
-                "document lengths per window need a dataset of isolated documents (data.format chat or "
-                "prompt_answer, or data.isolate_documents true)."
-            )
+        """Per window, its longest trained document in tokens (capped at seq_len + 1); isolated documents only (the
+        run config and the trainer refuse the options that need it on a text stream: RunConfig.refuse_text_stream)."""
         if self._longest is None:
             self._longest = window_longest_documents(self.split, self._starts, self.seq_len)
         return self._longest

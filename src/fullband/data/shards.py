@@ -1,21 +1,5 @@
-"""Prepared datasets: token shards on disk, document start offsets, and a manifest that commits them.
-
-Layout of a prepared directory:
-
-    manifest.json            written last and atomically; its presence means the dataset is complete
-    tokenizer/               the tokenizer that produced the ids (see tokenizers.py)
-    train_000.bin ...        concatenated documents, each framed as [bos] + tokens + [eos]
-    train_docs.npy           int64 offset (into the split's token stream) of every document's bos
-    train_mask.bin           record formats only (chat, prompt_answer): uint8 per token, 1 = a training
-                             target (assistant turns, answers); without it every token is a target
-    val_000.bin, val_docs.npy, val_mask.bin
-    units/                   only while preparing: plan.json and one directory per finished work unit,
-                             kept by an interrupted prepare for the next one to resume (see prepare_dataset)
-
-Document starts are kept because the model treats them specially (a document start is a plain position,
-no state crosses a document boundary, see docs/method.md), even when documents are packed back to back.
-With ``isolate_documents`` (manifest) packed documents also do not attend to each other.
-"""
+"""Prepared datasets: token shards on disk, document start offsets, loss masks and a manifest that commits them
+(the layout is in docs/data.md)."""
 
 from __future__ import annotations
 
@@ -55,6 +39,7 @@ from fullband.data.sources import (
 )
 from fullband.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from fullband.errors import ConfigError, DataError
+from fullband.files import file_problem, file_record, fsync_close, fsync_write
 
 log = logging.getLogger(__name__)
 
@@ -77,43 +62,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 # --- Writing -------------------------------------------------------------------------------------
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(2**22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _file_record(path: Path) -> dict:
-    """The size and sha256 of a written file, as the manifest and unit.json record them."""
-    return {"bytes": path.stat().st_size, "sha256": _sha256_file(path)}
-
-
-def _file_problem(path: Path, record: dict, verify: bool = True) -> str | None:
-    """What is wrong with a file against its recorded size and (with `verify`) sha256; None: nothing."""
-    if not path.is_file():
-        return f"missing {path.name}"
-    if path.stat().st_size != record["bytes"]:
-        return f"{path} has {path.stat().st_size} bytes, not the {record['bytes']} recorded: truncated or replaced"
-    if verify and _sha256_file(path) != record["sha256"]:
-        return f"{path} is corrupt: its sha256 does not match the record"
-    return None
-
-
-def _fsync_close(f) -> None:
-    f.flush()
-    os.fsync(f.fileno())
-    f.close()
-
-
-def _fsync_write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
 
 class _ShardWriter:
     """Appends tokens to <split>_NNN.bin files of at most `shard_tokens` tokens each."""
@@ -145,7 +93,7 @@ class _ShardWriter:
                 self._close_shard()
 
     def _close_shard(self) -> None:
-        _fsync_close(self._file)
+        fsync_close(self._file)
         self.shards[-1].update(tokens=self._count, bytes=self._count * self.dtype.itemsize,
                                sha256=self._hash.hexdigest())
         self._file = None
@@ -207,13 +155,13 @@ class _UnitPiece:
     def close(self, tok: Tokenizer) -> dict:
         self._flush(tok)
         for f in [self.tokens] + ([self.mask] if self.mask else []):
-            _fsync_close(f)
+            fsync_close(f)
         np.save(self.directory / f"{self.split}_docs.npy", np.asarray(self.starts, dtype=np.int64))
         np.save(self.directory / f"{self.split}_bytes.npy", np.asarray(self.sizes, dtype=np.int64))
         names = [self.split + suffix for suffix in _PIECE_SUFFIXES if (self.directory / (self.split + suffix)).exists()]
         return {"tokens": self.total, "documents": len(self.sizes), "text_bytes": sum(self.sizes),
                 "skipped_at": self.skipped_at,
-                "files": {name: _file_record(self.directory / name) for name in names}}
+                "files": {name: file_record(self.directory / name) for name in names}}
 
 
 _PIECE_SUFFIXES = (".bin", "_mask.bin", "_docs.npy", "_bytes.npy")
@@ -251,7 +199,7 @@ def tokenize_unit(cfg: DataConfig, unit: Unit, fmt: str, tok: Tokenizer, unit_di
         elif doc:
             piece.add_text(tok, doc)
     info = {"unit": unit, "splits": {split: piece.close(tok) for split, piece in pieces.items()}}
-    _fsync_write(tmp / UNIT_RECORD, (json.dumps(info) + "\n").encode())
+    fsync_write(tmp / UNIT_RECORD, (json.dumps(info) + "\n").encode())
     shutil.rmtree(unit_dir, ignore_errors=True)
     os.replace(tmp, unit_dir)
     return info
@@ -266,7 +214,7 @@ def _verified_unit(unit_dir: Path, unit: Unit) -> dict | None:
     if not isinstance(info, dict) or info.get("unit") != unit:
         return None
     files = [(name, entry) for piece in info["splits"].values() for name, entry in piece["files"].items()]
-    return None if any(_file_problem(unit_dir / name, entry) for name, entry in files) else info
+    return None if any(file_problem(unit_dir / name, entry) for name, entry in files) else info
 
 
 # The tokenizer of a worker process, loaded by its first task: an error loading it reaches the parent through that
@@ -398,7 +346,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
                     stats.text_bytes += len(text.encode("utf-8"))
             break
         if mask is not None:
-            _fsync_close(mask)
+            fsync_close(mask)
     shards = writer.close()
     if stats.documents == 0:
         raise DataError(
@@ -413,7 +361,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
     np.save(out_dir / docs_file, doc_starts)
     log.info("%s: %d documents, %d tokens, %d shard(s), %d files skipped", split, stats.documents,
              writer.total, len(shards), stats.skipped_files)
-    extra = {"loss_mask": {"file": mask_file, **_file_record(out_dir / mask_file)}} if records else {}
+    extra = {"loss_mask": {"file": mask_file, **file_record(out_dir / mask_file)}} if records else {}
     return {
         **extra,
         "tokens": writer.total,
@@ -421,7 +369,7 @@ def _assemble_split(cfg: DataConfig, split: str, fmt: str, tok: Tokenizer, units
         "text_bytes": stats.text_bytes,
         "skipped_files": stats.skipped_files,
         "shards": shards,
-        "doc_starts": {"file": docs_file, **_file_record(out_dir / docs_file)},
+        "doc_starts": {"file": docs_file, **file_record(out_dir / docs_file)},
     }
 
 
@@ -509,7 +457,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
         tok = build_tokenizer(cfg, _training_texts(cfg, fmt), chat=fmt == "chat")
         tok.save(out_dir / TOKENIZER_DIR)
         (out_dir / UNITS_DIR).mkdir()
-        _fsync_write(out_dir / UNITS_DIR / PLAN, json.dumps({**plan, "tokenizer": tok.fingerprint()}).encode())
+        fsync_write(out_dir / UNITS_DIR / PLAN, json.dumps({**plan, "tokenizer": tok.fingerprint()}).encode())
     else:
         log.info("resuming: %d of %d work units finished and verified", len(done), len(units))
     infos = _tokenize_units(cfg, units, fmt, out_dir, workers, done, tok)
@@ -530,7 +478,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
     # The manifest is the commit point: written only after every shard is on disk, and atomically,
     # so a crash at any moment leaves either no manifest or a complete dataset.
     tmp = out_dir / (MANIFEST + ".tmp")
-    _fsync_write(tmp, (json.dumps(manifest, indent=2) + "\n").encode())
+    fsync_write(tmp, (json.dumps(manifest, indent=2) + "\n").encode())
     os.replace(tmp, out_dir / MANIFEST)
     if hasattr(os, "O_DIRECTORY"):
         fd = os.open(out_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -782,7 +730,7 @@ def open_dataset(path: str | Path, verify: bool = True) -> PreparedDataset:
     manifest = _read_manifest(path)
     for name, info in manifest["splits"].items():
         for entry in [*info["shards"], info["doc_starts"], *([info["loss_mask"]] if "loss_mask" in info else [])]:
-            problem = _file_problem(path / entry["file"], entry, verify)
+            problem = file_problem(path / entry["file"], entry, verify)
             if problem:
                 raise DataError(f"Dataset {path}, {name} split: {problem} (in the manifest). The directory was "
                                 "modified after preparation; re-run `fullband prepare` with overwrite (or restore "

@@ -1,15 +1,5 @@
-"""Document sources: every `DataConfig.source` becomes a deterministic stream of (doc_id, text).
-
-The train/val split is decided per document by a stable hash of its id (relative path, `file:line`,
-`file:row`), so it does not depend on file order, machine or Python version, and a document never
-lands in both splits. A source that is a single .txt file is split by position instead. Sources
-that come with their own validation split (a `datasets` DatasetDict
-with a "validation" split) keep it; synthetic tasks draw train and val examples from separate seeds.
-
-A document is a text (format "text") or, for the record formats "chat" and "prompt_answer", a validated
-record: {"messages": [{"role", "content"}, ...]} or {"prompt", "answer"}; `fullband.data.chat` turns
-records into tokens and a loss mask.
-"""
+"""Document sources: every ``DataConfig.source`` becomes a deterministic stream of (doc_id, text or record), and
+each document goes to train or val by a stable hash of its id (docs/data.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Synthetic state-tracking tasks: seeded generators with exact answer checkers.
-
-Each task turns a `random.Random` into an `Example(prompt, answer)`. A training document is
-`prompt + answer + "\\n"`; at evaluation the model is given the prompt and its completion is checked.
-Answers are always a single line, so a completion is read up to its first newline and anything the
-model writes after that is ignored. Tasks with a trace write `<trace> => <result>` and only the result
-is checked: the trace is there to teach the model the steps, not to be graded.
-
-Default sizes keep every document under 254 bytes, so `[bos] + document + [eos]` fits a 256-token
-byte-level context. Sizes can be changed per task, e.g. `synthetic:parity:max_len=64` as a source.
-"""
+"""Synthetic state-tracking tasks: seeded generators with exact answer checkers. A document is
+``prompt + answer + "\n"``; an answer is one line, and with a trace (``<trace> => <result>``) only the result is
+checked. Default sizes keep ``[bos] + document + [eos]`` within a 256-token byte-level context."""
 
 from __future__ import annotations
 

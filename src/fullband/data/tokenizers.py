@@ -1,14 +1,7 @@
-"""Tokenizers: raw bytes, a byte-level BPE trained on the corpus, or any local Hugging Face tokenizer.
-
-Each is a `tokenizers.Tokenizer` (the byte one a byte-level BPE without merges) with fullband's framing ids,
-saved into a directory together with a `fullband_tokenizer.json` marker that records the kind and the special
-token ids, so `load_tokenizer(dir)` gives back exactly the tokenizer that prepared a dataset.
-
-Chat: a Hugging Face tokenizer with its own `chat_template` uses it; any other tokenizer gets fullband's
-chat tokens (CHAT_TOKENS) added by `with_chat_tokens()` for the built-in template (`fullband.data.chat`).
-The extended tokenizer remembers the fingerprint of the one it extends (`base_fingerprint`), so a model
-trained with the base tokenizer can be fine-tuned on chat data (its vocabulary grows by those tokens).
-"""
+"""Tokenizers: raw bytes, a byte-level BPE trained on the corpus, or a local Hugging Face tokenizer; each a
+``tokenizers.Tokenizer`` saved with a marker of its kind and special ids, so ``load_tokenizer(dir)`` gives back the
+tokenizer that prepared a dataset. ``with_chat_tokens()`` remembers the fingerprint it extends
+(``base_fingerprint``), so a model can be fine-tuned on chat data."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""Hugging Face interop: import Llama-family checkpoints, export ``trust_remote_code`` models.
-
-- :func:`convert_from_hf` — a local HF directory (Llama, Qwen2, Qwen3, Mistral) -> a fullband model
-  directory with fresh fusion weights (``fullband convert --from-hf SRC --out DST``).
-- :func:`export_hf` — a fullband model directory -> an HF directory loadable with
-  ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` (``fullband export-hf``).
-- :func:`register` — register ``model_type="fullband"`` with ``transformers``' Auto classes in-process.
-
-``transformers`` is imported lazily (optional extra ``fullband[hf]``); importing this package needs only
-torch and safetensors. ``FullBandHFConfig``, ``FullBandForCausalLM`` and ``FullBandCache`` are available
-as attributes (importing them imports ``transformers``).
-"""
+"""Hugging Face interop (docs/huggingface.md): ``convert_from_hf`` imports a Llama-family checkpoint, ``export_hf``
+writes a ``trust_remote_code`` model, ``register`` registers ``model_type="fullband"`` in-process. ``transformers``
+is imported lazily (the ``hf`` extra); ``FullBandHFConfig``, ``FullBandForCausalLM`` and ``FullBandCache`` are
+attributes that import it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Hugging Face configuration of an exported fullband model (``model_type="fullband"``).
-
-This file is copied next to exported weights and loaded by ``transformers`` with ``trust_remote_code``;
-it imports ``transformers`` and the decode settings' checks (``fullband_decoding.py``, shipped beside it).
-The fullband model's own configuration (the fields of
-``FullBandConfig``) is kept verbatim under the ``fullband`` key; the usual Hugging Face names
-(``hidden_size``, ``num_hidden_layers``, ...) are filled in from it for tools that read them.
-"""
+"""Hugging Face configuration of an exported fullband model (``model_type="fullband"``), shipped beside the weights:
+``FullBandConfig`` verbatim under the ``fullband`` key, the usual Hugging Face names filled in from it."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Import a Hugging Face Llama-family checkpoint (Llama, Qwen2, Qwen3, Mistral) into a fullband model directory.
-
-Reads ``config.json`` through transformers' own config class (which fills in the model's defaults and
-standardizes its RoPE parameters and layer types) and the safetensors weights (one file or an index with shards)
-directly, maps every tensor onto :class:`fullband.model.FullBandLM` and adds freshly initialised fusion weights.
-A GGUF file (``gguf_file``) is read through transformers' own GGUF loading instead, which dequantizes its weights
-and rebuilds its config and tokenizer (chat template included); the same mapping and refusals then apply.
-Anything fullband cannot represent exactly (a RoPE scaling type it does not implement, a bias it does not model,
-a sliding-window layout it cannot express, ...) is refused with a :class:`fullband.errors.ConfigError` that names
-the field — never silently approximated.
-"""
+"""Import a Hugging Face Llama-family checkpoint (safetensors or GGUF) into a fullband model directory with fresh
+fusion weights. Anything fullband cannot represent exactly is refused with a ``ConfigError`` naming the field, never
+approximated (docs/huggingface.md)."""
 
 from __future__ import annotations
 
@@ -333,7 +325,7 @@ def convert_from_hf(
     model = hf_to_fullband_model(src, dtype=dtype, gguf_file=gguf_file)
     # A pretrained transformer's fusion is untrained: soft or fused decoding would feed its states through a
     # random gate, so the converted model decodes in standard mode until it is trained with feedback.
-    DecodeSettings("standard").store_in(model)
+    model.decode_settings = DecodeSettings("standard")
     dst.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(dst)
     if gguf_file is not None:

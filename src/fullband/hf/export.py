@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 from safetensors.torch import save_file
 
-from fullband.architectures import FBT, load_pretrained, stored_arch
-from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
+from fullband.generation import decode_settings
 from fullband.hf.convert import GENERATION_CONFIG, copy_tokenizer_files
 from fullband.hf.tokenizer_export import generation_ids, saved_tokenizer, write_tokenizer_files
-from fullband.loading import fill_decode_defaults
-from fullband.model import ordinary_file_mode
-from fullband.storage import resolve_model_dir
+from fullband.model import FullBandLM, ordinary_file_mode
+from fullband.storage import ModelDir, read_json
 
 _HERE = Path(__file__).resolve().parent
 # The files an export ships beside its weights (name in the export: source). The modeling code imports fullband's
@@ -33,25 +30,6 @@ AUTO_MAP = {
     "AutoConfig": "configuration_fullband.FullBandHFConfig",
     "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
 }
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
-
-
-def _stored_dtype(model_dir: Path):
-    """The dtype the weights were saved in (the export keeps it), or None if unreadable."""
-    from safetensors import safe_open
-
-    path = model_dir / "model.safetensors"
-    if not path.is_file():
-        return None
-    with safe_open(str(path), framework="pt") as f:
-        name = "embed.weight" if "embed.weight" in f.keys() else next(iter(f.keys()))
-        return f.get_tensor(name).dtype
 
 
 def export_hf(
@@ -71,24 +49,17 @@ def export_hf(
 
     from fullband.hf.configuration_fullband import FullBandHFConfig
 
-    model_dir, dst = resolve_model_dir(source), Path(dst)
-    if stored_arch(model_dir) != FBT:
+    model_dir, dst = ModelDir.open(source), Path(dst)
+    model = model_dir.load()  # in the dtype it is stored in, which the export keeps
+    if not isinstance(model, FullBandLM):
         raise CheckpointError(f"fullband export-hf exports model.arch fbt only (its remote code is the transformer's); "
-                              f"{model_dir} is arch {stored_arch(model_dir)!r}")
-    try:
-        model = load_pretrained(model_dir, dtype=_stored_dtype(model_dir))
-    except FileNotFoundError as exc:
-        raise CheckpointError(str(exc)) from exc
-    except ValueError as exc:
-        raise CheckpointError(f"cannot export {model_dir}: {exc}") from exc
-    fill_decode_defaults(model, model_dir)
-    settings = DecodeSettings.of(model).with_overrides(decode_mode=decode_mode, fused_passes=fused_passes,
-                                                       fused_tol=fused_tol, fused_max_passes=fused_max_passes)
-
-    tokenizer_dir = model_dir / "tokenizer"
+                              f"{model_dir.path} is arch {model.config.arch!r}")
+    settings = decode_settings(model, decode_mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
+                               fused_max_passes=fused_max_passes)
+    tokenizer_dir = model_dir.path / "tokenizer"
     generation = {}
     if (tokenizer_dir / GENERATION_CONFIG).is_file():
-        generation = _read_json(tokenizer_dir / GENERATION_CONFIG)
+        generation = read_json(tokenizer_dir / GENERATION_CONFIG)
     own_tokenizer = saved_tokenizer(tokenizer_dir)  # byte/BPE, chat tokens: Hugging Face files written below
     generation = {**generation, **generation_ids(own_tokenizer)}
     special = {k: generation.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}

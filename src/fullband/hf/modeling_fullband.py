@@ -1,25 +1,7 @@
-"""A fullband model inside ``transformers``: ``AutoModelForCausalLM`` + ``generate()`` with latent feedback.
-
-This file is copied next to exported weights (with ``configuration_fullband.py`` and fullband's own
-``model.py`` and ``decoding.py`` as ``fullband_model.py`` and ``fullband_decoding.py``) and loaded with
-``trust_remote_code=True``; in-process, ``fullband.hf.register()`` registers the same classes. The maths is
-fullband's own ``FullBandLM``: this wrapper only routes ``transformers``' generation loop through it.
-
-``generate(decode_mode=..., fused_passes=...)`` (docs/method.md §6; what a call leaves out comes from the
-decode settings stored in config.json, checked by ``DecodeSettings``):
-
-- ``"standard"``: the model as an ordinary transformer;
-- ``"soft"``: plain prefill, then every generated token is fused with the previous step's top state;
-- ``"fused"``: plain prefill plus ``fused_passes`` fused passes over the prompt, then as soft;
-  ``fused_passes="auto"`` iterates until the prompt's states change by at most ``fused_tol`` (relative) or
-  ``fused_max_passes`` passes ran (``FullBandLM.prefill``), and ``fused_passes="exact"`` computes the fixed
-  point of those passes token by token (the exact recurrence); the cache's ``prefill_passes`` holds the
-  passes each row ran (``generate(..., return_dict_in_generate=True).past_key_values``).
-
-The carried top state (B, 1, D) lives in :class:`FullBandCache` next to the KV cache, so batch expansion
-(``num_return_sequences``), sampling and beam search (row reordering) keep it in step with the keys and
-values.
-"""
+"""A fullband model inside ``transformers``: ``AutoModelForCausalLM`` + ``generate()`` in every decode mode
+(docs/huggingface.md). Copied next to exported weights, it routes ``transformers``' generation loop through fullband's
+own ``FullBandLM``; the carried top state lives in ``FullBandCache`` beside the keys and values, so batch expansion
+and beam search reorder it with them."""
 
 from __future__ import annotations
 

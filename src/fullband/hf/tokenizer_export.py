@@ -1,16 +1,5 @@
-"""Hugging Face tokenizer files for fullband's own tokenizers (byte and BPE), so that an exported model
-loads with ``AutoTokenizer`` / ``pipeline("text-generation")`` and encodes and decodes exactly as fullband.
-
-- byte and bpe: the tokenizer's own ``tokenizers.Tokenizer`` (for bytes a byte-level BPE without merges, see
-  ``ByteTokenizer``). Plain byte tokenizers read special-token strings as bytes, so the export sets
-  ``split_special_tokens``; the chat extension recognises them, so it does not.
-
-Both get a post-processor that puts ``<bos>`` first, as ``fullband.loading.encode_prompt`` does, so that
-``tokenizer(text)`` gives the ids a fullband prompt has (``add_special_tokens=False``: ``Tokenizer.encode``).
-A tokenizer with fullband's chat tokens gets the built-in chat template and ``<|im_end|>`` as a stop token;
-that includes a Hugging Face tokenizer extended with them for instruction tuning (its own files are
-exported, with the template added to its tokenizer_config.json).
-"""
+"""Hugging Face tokenizer files for fullband's own tokenizers (byte and BPE), so that an export loads with
+``AutoTokenizer`` and encodes, decodes and applies its chat template exactly as fullband (docs/huggingface.md)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ from fullband.model import FullBandLM
 from fullband.rl.grpo import AGGREGATIONS, REWARD_SCALES, group_advantages, grpo_loss, informative_groups
 from fullband.rl.logprobs import rollout_logprobs, rollout_logprobs_and_entropies
 from fullband.rl.rewards import REWARD_KINDS, ExactMatchReward, RewardFunction, make_reward
-from fullband.storage import find_tokenizer_dir, latest_valid_checkpoint, resolve_model_dir
+from fullband.storage import ModelDir, latest_valid_checkpoint
 from fullband.train.checkpoint import read_checkpoint, write_checkpoint
 from fullband.train.tracking import RunLog
 
@@ -313,28 +313,28 @@ class RLTrainer:
         self.records = read_records(cfg.data)
         self.val_records = read_records(cfg.val_data)[: cfg.eval_prompts] if cfg.val_data else []
         self.reward = reward or make_reward(cfg.reward, cfg.allow_unsandboxed)
-        source_dir = resolve_model_dir(cfg.model)
-        self.tokenizer_dir = find_tokenizer_dir(source_dir)
+        source = ModelDir.open(cfg.model)
+        self.tokenizer_dir = source.tokenizer if source.tokenizer != source.path else None  # not an export's
         if self.tokenizer_dir is None:
-            raise FullbandError(f"{source_dir} has no tokenizer directory saved with it; RL checkpoints copy it: start "
-                                "from a run, checkpoint or model directory written by fullband or `fullband convert` "
-                                "(for a Hugging Face export, the directory it was exported from)")
+            raise FullbandError(f"{source.path} has no tokenizer directory saved with it; RL checkpoints copy it: "
+                                "start from a run, checkpoint or model directory written by fullband or `fullband "
+                                "convert` (for a Hugging Face export, the directory it was exported from)")
         self.step = 0
         checkpoint = latest_valid_checkpoint(self.out_dir) if resume else None
         if resume and checkpoint is None and any((self.out_dir / "checkpoints").glob("*")):
             raise FullbandError(f"{self.out_dir} has no complete checkpoint to resume from")
-        self.model, self.tokenizer = load_model(checkpoint if checkpoint is not None else cfg.model, device)
+        self.model, self.tokenizer = load_model(checkpoint if checkpoint is not None else source, device)
         if not isinstance(self.model, FullBandLM):
             raise FullbandError(f"fullband rl trains FullBandLM models (model.arch fbt); {cfg.model} holds a "
                                 f"{type(self.model).__name__}")
         stored = DecodeSettings.of(self.model)
         self.decode = stored.with_label(cfg.decode_mode) if cfg.decode_mode else stored
-        self.decode.store_in(self.model)  # checkpoints decode as the rollouts did
+        self.model.decode_settings = self.decode  # checkpoints decode as the rollouts did
         self.score_decode = self.decode.with_label(cfg.score_mode) if cfg.score_mode else self.decode
         # The reference of the KL term is the starting model, also on a resumed run.
         self.reference = None
         if cfg.kl_coef > 0:
-            self.reference = load_model(cfg.model, device)[0] if checkpoint is not None else copy.deepcopy(self.model)
+            self.reference = source.load(device) if checkpoint is not None else copy.deepcopy(self.model)
             self.reference.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
                                            weight_decay=cfg.weight_decay)

@@ -1,22 +1,6 @@
-"""The OpenAI-compatible HTTP API (FastAPI) in front of the continuous-batching ``Engine``.
-
-Endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /health`` and
-the chat page at ``GET /``. Besides the OpenAI parameters, requests may carry the decode settings
-``decode_mode`` ("standard" | "soft" | "fused"), ``fused_passes`` (an integer, "auto" or "exact"), ``fused_tol`` and
-``fused_max_passes`` (the ``openai`` client sends them via ``extra_body``); what a request leaves out is the
-server's settings (those stored with the model unless ``fullband serve`` overrides them), whose
-``fused_max_passes`` also bounds the fused passes one request may ask for. Completions take ``ignore_eos``
-(as in vLLM).
-The sampling fields ``logit_bias``, ``presence_penalty``, ``frequency_penalty`` (OpenAI) and ``repetition_penalty``,
-``min_tokens``, ``stop_token_ids``, ``top_k`` (vLLM) are applied per request (``fullband.sampling``). A field the
-server does not implement is refused with a 400 naming it, never ignored; ``user`` and ``metadata`` are accepted and
-have no effect, and a few OpenAI fields are accepted at the value that asks for nothing (``NEUTRAL``).
-Errors are OpenAI-style JSON bodies ``{"error": {"message", "type", "param", "code"}}``.
-
-Each route is a function of ``router``; they share the served model (``Served``, in ``app.state``) and one path
-from the engine's tokens to the answer, streamed or whole (``answer``). The engine checks a request's parameters
-with ``fullband.sampling.check_request``, as ``generate`` does; a refusal (``RequestError``) carries its parameter.
-"""
+"""The OpenAI-compatible HTTP API (FastAPI) in front of the continuous-batching ``Engine``: its endpoints, fields and
+errors are in docs/serving.md. Each route is a function of ``router``; they share the served model (``Served``) and
+one path from the engine's tokens to the answer, streamed or whole (``answer``)."""
 
 from __future__ import annotations
 

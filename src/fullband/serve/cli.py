@@ -6,13 +6,10 @@ import argparse
 from pathlib import Path
 
 from fullband.architectures import refuse_arch
-from fullband.cli_options import add_decode_options, decode_overrides
-from fullband.decoding import DecodeSettings
+from fullband.cli_options import add_decode_options, add_device_options, decode_from_args, decode_overrides, model_dtype
 from fullband.engine import Engine
 from fullband.errors import FullbandError
 from fullband.loading import load_model
-
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,8 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     p.add_argument("--max-queue", type=int, default=256,
                    help="sequences waiting for a slot before requests get 429 (default: 256)")
     p.add_argument("--model-name", help="the model id clients send (default: the model directory's name)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
-    p.add_argument("--dtype", choices=DTYPES, help="weights and KV cache dtype (default: as stored)")
+    add_device_options(p)
     p.add_argument("--log-level", default="info", help="uvicorn log level (default: info)")
     p.set_defaults(func=run)
     return p
@@ -40,15 +36,12 @@ def run(args: argparse.Namespace) -> None:
         from fullband.serve.app import create_app
     except ImportError as exc:
         raise FullbandError(f"fullband serve needs the serve extra ({exc}): pip install 'fullband[serve]'") from exc
-    import torch
-
     if args.max_batch < 1 or args.max_queue < 0:
         raise FullbandError("--max-batch must be >= 1, --max-queue >= 0")
-    DecodeSettings().with_overrides(**decode_overrides(args))  # a bad value fails before the model is loaded
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    model, tokenizer = load_model(args.model, args.device, dtype)
+    decode_overrides(args)  # a bad value fails before the model is loaded
+    model, tokenizer = load_model(args.model, args.device, model_dtype(args))
     refuse_arch(model, "fullband serve")  # its batching engine shares one transformer KV cache between requests
-    decode = DecodeSettings.of(model).with_overrides(**decode_overrides(args))
+    decode = decode_from_args(model, args)
     name = args.model_name or Path(args.model).resolve().name
     engine = Engine(model.eval(), max_batch=args.max_batch, max_queue=args.max_queue)
     app = create_app(engine, tokenizer, name, decode)

@@ -1,12 +1,5 @@
-"""Jacobi diagnostics: how the multi-pass (Jacobi) iteration of the feedback recurrence converges, pass by pass.
-
-``fullband jacobi MODEL --passes 1000 --out DIR``: for k = 0..N fused passes over held-out sequences (teacher
-forced, every position fused with the previous pass's top state, document starts plain), the loss and the
-relative state change ||h^(k) - h^(k-1)|| / ||h^(k-1)||, both on positions >= k only: after k fused passes
-positions 0..k already equal the exact recurrence, so including them would dilute later passes toward the
-sequential value. The exact sequential recurrence (one position at a time) is the reference, restricted to
-the same positions. Memory is that of one pass: only the previous pass's top states are kept.
-"""
+"""``fullband jacobi``: how the Jacobi iteration of the feedback recurrence converges, pass by pass, against the exact
+recurrence (docs/evaluation.md). Memory is that of one pass: only the previous pass's top states are kept."""
 
 from __future__ import annotations
 
@@ -19,16 +12,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from fullband.architectures import refuse_arch
 from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
-from fullband.cli_options import add_validation_data_options
+from fullband.cli_options import add_validation_data_options, model_dtype
 from fullband.data.shards import IGNORE_INDEX, Batch
 from fullband.errors import FullbandError
+from fullband.eval import token_losses
 from fullband.generation import sequential_forward
 from fullband.loading import load_model_and_data
-from fullband.model import FullBandLM, plain_positions, shift_right
+from fullband.model import FullBandLM, plain_positions, relative_change
 
 NO_MATPLOTLIB = f"fullband jacobi draws jacobi.png with matplotlib: {PLOT_EXTRA}"
 
@@ -48,11 +41,6 @@ class JacobiCurve:
     seq_len: int = 0
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(B, T) per-position ||a - b|| / ||b||."""
-    return (a - b).float().norm(dim=-1) / b.float().norm(dim=-1).clamp_min(1e-12)
-
-
 @torch.no_grad()
 def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, sequential: bool = True) -> JacobiCurve:
     """The diagnostics for k = 0..min(passes, T - 1) over ``batches`` (positions >= k exist up to T - 1)."""
@@ -68,30 +56,29 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
         B, T = ids.shape
         curve.sequences += B
         curve.seq_len = T
-        plain = plain_positions(ids, batch.plain_mask, segment_ids=batch.segment_ids)
         valid = targets != IGNORE_INDEX
         seq_losses = seq_hidden = None
         if sequential:
+            plain = plain_positions(ids, batch.plain_mask, segment_ids=batch.segment_ids)
             seq_logits, seq_hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=batch.segment_ids)
-            seq_losses = _token_losses(seq_logits, targets)
+            seq_losses = token_losses(seq_logits, targets)
             del seq_logits
         last = min(passes, T - 1)
         while len(sums) <= last:
             sums.append(Counter())
         previous = None
-        for k in range(last + 1):
-            out = model(ids, feedback=None if previous is None else shift_right(previous),
-                        plain_mask=None if previous is None else plain, segment_ids=batch.segment_ids)
-            losses = _token_losses(out.logits, targets)
+        steps = model.iterate_passes(ids, last + 1, plain_mask=batch.plain_mask, segment_ids=batch.segment_ids)
+        for k, out in enumerate(steps):
+            losses = token_losses(out.logits, targets)
             s, mask = sums[k], valid[:, k:]
             s["targets"] += int(mask.sum())
             s["positions"] += B * (T - k)
             s["loss"] += float(losses[:, k:][mask].sum())
             if seq_losses is not None:
                 s["seq_loss"] += float(seq_losses[:, k:][mask].sum())
-                s["gap"] += float(_relative(out.hidden[:, k:], seq_hidden[:, k:]).sum())
+                s["gap"] += float(relative_change(out.hidden[:, k:], seq_hidden[:, k:]).sum())
             if previous is not None:
-                change = _relative(out.hidden[:, k:], previous[:, k:])
+                change = relative_change(out.hidden[:, k:], previous[:, k:])
                 s["change"] += float(change.sum())
                 s["change_max"] = max(s["change_max"], float(change.max()))
             previous = out.hidden
@@ -106,12 +93,6 @@ def jacobi_curve(model: FullBandLM, batches: Iterable[Batch], passes: int, seque
         curve.relative_change.append(s["change"] / s["positions"] if k > 0 else None)
         curve.relative_change_max.append(s["change_max"] if k > 0 else None)
     return curve
-
-
-def _token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(B, T) next-token losses (0 where the target is ignored)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="none").view(targets.shape)
 
 
 def plot_curve(curve: JacobiCurve, path: Path, title: str) -> None:
@@ -165,7 +146,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     pyplot(NO_MATPLOTLIB)  # fail before the model and data are loaded
-    model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device)
+    model, dataset, model_dir, data_dir = load_model_and_data(args.checkpoint, args.data_dir, args.device,
+                                                                  model_dtype(args))
     refuse_arch(model, "fullband jacobi")  # fused passes: what a recurrent baseline has none of
     seq_len = args.seq_len or min(model.config.max_seq_len, 256)
     if seq_len > model.config.max_seq_len:

@@ -1,15 +1,5 @@
-"""``fullband probe``: linear probes of a synthetic task's running state, per layer and decode mode.
-
-For held-out prompts of a synthetic task, the per-layer hidden states are recorded at every position that
-has a target (``SyntheticTask.targets``: the state right after that character): layer 0 is the input to
-the first block (the token embedding in standard mode, the fused input e ⊗ h in fused mode), layer i the
-input to block i, layer L the output of the last block (before the final norm). Modes: ``standard``
-(one plain pass) and ``fused:n`` (the prompt after n fused prefill passes, exactly what fused(n) decoding
-starts from). A multinomial logistic regression per layer and mode predicts the target; accuracy is
-measured with 4-fold cross-validation grouped by sequence (no prompt has positions in both the training
-and the test folds) and reported next to the majority-class rate (always guessing the training folds'
-most frequent label).
-"""
+"""``fullband probe``: linear probes of a synthetic task's running state, per layer and decode mode
+(docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -26,11 +16,13 @@ import torch
 from fullband.architectures import refuse_arch
 from fullband.bench.cli import run_data_settings
 from fullband.bench.plots import PLOT_EXTRA, pyplot, save_figure
+from fullband.cli_options import add_device_options, model_dtype
 from fullband.data.config import DataConfig
 from fullband.data.sources import synthetic_val_set
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import left_pad
-from fullband.loading import load_model, run_dir_of
+from fullband.loading import load_model
+from fullband.storage import ModelDir
 
 
 @dataclass
@@ -230,7 +222,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, default=4, help="cross-validation folds (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="fold assignment seed (default: 0)")
     p.add_argument("--data-seed", type=int, help="data.seed of the held-out split (default: the run's, else 0)")
-    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    add_device_options(p)
     p.add_argument("--no-plot", action="store_true", help="skip probe.png")
     p.set_defaults(func=run)
     return p
@@ -242,9 +234,10 @@ def run(args: argparse.Namespace) -> None:
     if args.examples < args.folds or args.folds < 2:
         raise ConfigError(f"need --folds >= 2 and --examples >= --folds, got {args.folds} and {args.examples}")
     modes = parse_probe_modes(args.modes)
-    model, tokenizer = load_model(args.model, args.device)
+    model_dir = ModelDir.open(args.model)
+    model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
     refuse_arch(model, "fullband probe")  # it reads the transformer's layers and fused passes
-    recorded = run_data_settings(run_dir_of(args.model))
+    recorded = run_data_settings(model_dir.run)
     seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     n = max(args.examples, recorded.get("synthetic_val_examples", 0))
     task, examples = synthetic_val_set(DataConfig(source=args.task, seed=seed, synthetic_val_examples=n))

@@ -30,7 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
-from fullband.model import write_weights
+from fullband.files import file_record, fsync_tree
+from fullband.model import WEIGHTS_NAME, write_weights
 from fullband.storage import (
     BEST,
     DCP_DIR,
@@ -41,20 +42,12 @@ from fullband.storage import (
     checkpoint_format,
     latest_valid_checkpoint,
     list_checkpoints,
-    read_model_weights,
-    sha256_of,
+    read_safetensors,
     single_process_dcp,
 )
 
 # The whole (unsharded) state on the CPU: what a full checkpoint or RUN/best holds.
 FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def _fsync_tree(directory: Path) -> None:
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
 
 
 def write_checkpoint(
@@ -94,7 +87,7 @@ def write_checkpoint(
         with contextlib.nullcontext() if distributed else single_process_dcp():
             dcp.save(shards, storage_writer=FileSystemWriter(str(tmp / DCP_DIR)), no_dist=not distributed)
         # Each rank hashes the shards it wrote (files __RANK_*.distcp), in parallel; rank 0 hashes the rest.
-        mine = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
+        mine = {str(p.relative_to(tmp)): file_record(p)
                 for p in sorted((tmp / DCP_DIR).glob(f"__{rank}_*"))}
         gathered = [None] * dist.get_world_size() if distributed else [mine]
         if distributed:
@@ -135,9 +128,9 @@ def _seal(tmp: Path, step: int, known: dict[str, dict[str, Any]] | None = None, 
     for path in sorted(tmp.rglob("*")):
         if path.is_file():
             name = str(path.relative_to(tmp))
-            files[name] = known.get(name) or {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
+            files[name] = known.get(name) or file_record(path)
     (tmp / MANIFEST).write_text(json.dumps({"step": step, "format": fmt, "files": files}, indent=2))
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
 
 
 def write_best(run_dir: Path, model_state: dict[str, torch.Tensor], model_config: Any, decode: DecodeSettings,
@@ -249,7 +242,7 @@ class CheckpointManager:
         parts = read_checkpoint(checkpoint)
         full = checkpoint_format(checkpoint) == "full"
         if full:
-            model_state, optimizer_state = read_model_weights(checkpoint / "model"), parts["optimizer"]
+            model_state, optimizer_state = read_safetensors(checkpoint / "model" / WEIGHTS_NAME), parts["optimizer"]
             saved = set(optimizer_state.get("state", {}))
         else:
             model_state, optimizer_state, saved = self._read_dcp_state(model, optimizers, checkpoint)

@@ -1,9 +1,5 @@
-"""The training loss of docs/method.md §4 over the passes of ``FullBandLM.iterate_passes``: Eq. 12 (or the
-last pass alone), z-loss, ignored targets, and the per-pass backward of detached passes.
-
-The model computes the recurrence only; everything here is a function of each pass's logits, taken as the
-pass comes out, so a detached pass can be backpropagated (and its graph freed) before the next one runs.
-"""
+"""The training loss of docs/method.md §4 over the passes of ``iterate_passes``. Everything here is a function of
+each pass's logits as the pass comes out, so a detached pass can be backpropagated (and freed) before the next runs."""
 
 from __future__ import annotations
 

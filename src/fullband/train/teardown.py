@@ -1,19 +1,10 @@
 """Setting up and tearing down torch.distributed so that no collective's worker thread outlives Python.
 
-Why this is needed: a gloo worker thread frees each finished collective (its work object and the tensors
-it holds) just after waking the caller. When that happens while the interpreter is finalizing, taking the
-GIL to free a tensor's Python object makes Python end the thread (pthread_exit); the forced unwinding
-meets a noexcept destructor and the process aborts with "terminate called without an active exception"
-(SIGABRT) after a run that otherwise finished. `destroy_process_group` prevents it only if it really
-destroys the group: the group's destructor then joins its worker threads (with the GIL released) while
-Python is still alive. Two kinds of references keep the group alive past `destroy_process_group`:
-
-- default arguments of `torch.distributed.nn` functions (`group=group.WORLD`), evaluated when that module
-  is first imported — which creating any torch optimizer does, through `torch._dynamo`;
-- the sharding caches where FSDP2's DTensors leave their device mesh, which holds the group; on torch 2.11
-  something outside Python's containers keeps the mesh that ``fully_shard`` made alive as well, so the meshes
-  are made to let go of their groups.
-"""
+Why: a gloo worker thread that frees a finished collective while the interpreter finalizes aborts the process
+(SIGABRT, "terminate called without an active exception") after a run that otherwise finished.
+``destroy_process_group`` prevents it only if the group is really destroyed (its destructor joins the threads), and
+two references keep it alive: the ``group=group.WORLD`` default arguments of ``torch.distributed.nn`` (imported by
+any torch optimizer through ``torch._dynamo``), and the device meshes FSDP2's DTensors cache, which hold the group."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Where a run's metrics go. The trainer hands every record to one ``RunLog``, which writes it and passes it to each
-sink, so they all log the same things, on rank 0 only:
-
-- OUT_DIR/metrics.jsonl (every step's record, as is) and OUT_DIR/eval.jsonl (every evaluation's);
-- TensorBoard (``train.tensorboard``): their numbers as scalars in OUT_DIR/tensorboard;
-- Weights & Biases (``train.wandb``): the same scalars, and the resolved run config. Without WANDB_API_KEY (and
-  without WANDB_MODE) the run is offline, in OUT_DIR/wandb/offline-run-*, for ``wandb sync`` later.
-
-Scalar names: ``train/<field>`` of a step's record (``train/pass_loss/<k>`` for its pass losses, ``train/skipped``
-as 0 or 1) and ``val/<loss name>``, ``val/jacobi_delta/<k>``, ``val/sequential_gap/<k>`` of an evaluation.
-"""
+"""Where a run's metrics go: one ``RunLog`` writes metrics.jsonl and eval.jsonl and passes every record to
+TensorBoard and Weights & Biases, on rank 0 only, so they all log the same things (names in docs/cli.md)."""
 
 from __future__ import annotations
 

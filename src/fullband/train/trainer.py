@@ -1,10 +1,6 @@
-"""The training loop: the scheduled multi-pass objective of docs/method.md §4-5 on one CPU, one GPU, or many
-GPUs under torchrun (DDP or FSDP2), with atomic checkpoints and exact resume.
-
-Randomness is derived from (seed, step, micro-batch, global row) rather than carried in a global RNG:
-K per step, the windows of a length-curriculum step, the prefix-mixin length and the jitter of each row are
-the same whichever rank the row lands on and whether or not the run was interrupted.
-"""
+"""The training loop (docs/method.md §4-5) on one CPU, one GPU or many under torchrun (DDP or FSDP2), with atomic
+checkpoints and exact resume: randomness comes from (seed, step, micro-batch, global row), not a global RNG, so it
+does not depend on the rank a row lands on or on an interruption."""
 
 from __future__ import annotations
 
@@ -36,10 +32,10 @@ from fullband.model import FullBandConfig, FullBandLM
 from fullband.schedule import PassSchedule
 from fullband.storage import PREFIX as CHECKPOINT_PREFIX
 from fullband.storage import (
+    ModelDir,
     RunDir,
     list_checkpoints,
     read_best,
-    resolve_model_dir,
     verify_checkpoint,
 )
 from fullband.train.checkpoint import CheckpointManager
@@ -94,13 +90,13 @@ class Trainer:
         out_dir: str | os.PathLike,
         data_dir: str | os.PathLike | None = None,
         resume: bool = False,
-        init_from: str | os.PathLike | None = None,
+        init_from: str | os.PathLike | ModelDir | None = None,
     ):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.data_dir = Path(data_dir) if data_dir else self.out_dir / "data"
         self.resume = resume
-        self.init_from = Path(init_from) if init_from else None
+        self.init_from = init_from or None
         self._setup_distributed()
         self.train_cfg = t = config.train
         self.tokens_per_step = t.batch_size * t.grad_accum * t.seq_len
@@ -170,7 +166,8 @@ class Trainer:
     def _build_model(self, dataset: PreparedDataset) -> LanguageModel:
         model_cfg = self.cfg.model
         if self.init_from is not None:
-            model_dir = resolve_model_dir(self.init_from, hashes=True)  # weights to train on: hashed
+            model_dir = self.init_from if isinstance(self.init_from, ModelDir) else ModelDir.open(
+                self.init_from, hashes=True)  # weights to train on: hashed
             self._keep_fusion = keeps_fusion(self.train_cfg.init_fusion, model_dir)
             model_cfg = init_config(model_dir, model_cfg, dataset, self._keep_fusion, self.data_dir)
         elif model_cfg.vocab_size != dataset.vocab_size:
@@ -181,12 +178,8 @@ class Trainer:
                 f"the data's tokenizer has {dataset.vocab_size} tokens but the model's vocabulary has "
                 f"{model_cfg.vocab_size}: prepare the data with the checkpoint's tokenizer"
             )
-        if self.train_cfg.seq_len > model_cfg.max_seq_len:
-            raise ConfigError(
-                f"train.seq_len={self.train_cfg.seq_len} is longer than the model's max_seq_len="
-                f"{model_cfg.max_seq_len}; lower train.seq_len"
-            )
         self.cfg.model = model_cfg
+        self.cfg.validate()  # again: --init-from brings the source's model config (its max_seq_len, n_layers)
         torch.manual_seed(self.train_cfg.seed)
         model = build_model(model_cfg)
         if self.init_from is not None:
@@ -302,12 +295,9 @@ class Trainer:
         self.objective = self._wrap(model)
         self.optimizers = build_optimizers(model, t)
         split = dataset.split("train")
-        if self.schedule.exact and not split.isolate:
-            raise ConfigError(
-                f"train.schedule exact needs isolated documents, but the dataset in {dataset.path} packs a text "
-                f"stream (record format {dataset.manifest.get('record_format')!r}). Use data.format prompt_answer or "
-                "chat (or data.isolate_documents true), or another train.schedule."
-            )
+        if not split.isolate:
+            self.cfg.refuse_text_stream(f"the dataset in {dataset.path} (record format "
+                                        f"{dataset.manifest.get('record_format')!r})")
         self._check_cut_documents(split, t.seq_len)
         curriculum_steps = round(t.length_curriculum * self.total_steps)
         self.loader = TokenLoader(split, t.seq_len, t.batch_size, t.seed, self.rank, self.world_size, curriculum_steps)
@@ -557,7 +547,7 @@ def train(
     out_dir: str | os.PathLike,
     data_dir: str | os.PathLike | None = None,
     resume: bool = False,
-    init_from: str | os.PathLike | None = None,
+    init_from: str | os.PathLike | ModelDir | None = None,
 ) -> TrainResult:
     """Train (or resume, or mid-train from ``init_from``) and return a summary."""
     return Trainer(config, out_dir, data_dir, resume, init_from).run()

@@ -1,9 +1,5 @@
-"""fullband models in vLLM: a plugin that vLLM loads through its ``vllm.general_plugins`` entry point.
-
-With fullband installed, ``vllm.LLM(EXPORT_DIR)`` and ``vllm serve EXPORT_DIR`` load a ``fullband export-hf``
-directory without ``trust_remote_code``, in the decode mode stored in its config.json; ``hf_overrides`` (e.g.
-``{"decode_mode": "fused", "fused_passes": 2}``) change it per served model. Only this subpackage imports vllm.
-"""
+"""fullband models in vLLM (docs/serving.md): loaded through the ``vllm.general_plugins`` entry point; the only
+subpackage that imports vllm."""
 
 from __future__ import annotations
 

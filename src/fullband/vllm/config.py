@@ -1,9 +1,5 @@
-"""The exported model's configuration as vLLM reads it, and how its decode mode configures the engine.
-
-The decode settings are the export's stored ``decode_mode`` / ``fused_passes`` / ``fused_tol`` /
-``fused_max_passes`` (config.json), with vLLM's ``hf_overrides`` applied on top, read and checked by
-``fullband.decoding.DecodeSettings`` like at every other front door.
-"""
+"""The exported model's configuration as vLLM reads it (the stored decode settings with ``hf_overrides`` on top,
+checked by ``DecodeSettings``), and how its decode mode configures the engine."""
 
 from __future__ import annotations
 

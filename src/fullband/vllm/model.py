@@ -1,20 +1,7 @@
-"""A fullband transformer as a vLLM model: vLLM's attention, paged KV cache, weight loading and sampler, fullband's
-own fusion, RMSNorm and RoPE (``fullband.model``), so the exported weights load under their own names.
-
-Decode modes (``fullband.decoding.DecodeSettings``, read from config.json and ``hf_overrides``):
-
-- standard: the plain model, an attention-only model to vLLM (chunked prefill, prefix caching as for a Llama);
-- soft: prompts are prefilled plainly; a generated token at position t is fused with the top state of t - 1,
-  which a per-request state slot (``FeedbackState``, a Mamba-style layer vLLM allocates, frees and recycles with
-  the request) carries from one step to the next;
-- fused:N: the prompt's plain pass plus N passes over it, each fusing position t with the previous pass's top
-  state at t - 1 (position 0 stays plain) and rewriting the prompt's keys and values, then soft decoding;
-- fused:exact: every prompt token after the first fused with the previous position's top state, one token per
-  step (``fullband.vllm.scheduler``), then soft decoding.
-
-The engine hands a feedback mode whole prompts (a chunk that starts at position 0) and single tokens after them
-(``fullband.vllm.config``); any other chunk is refused rather than computed wrongly.
-"""
+"""A fullband transformer as a vLLM model: vLLM's attention, paged KV cache, weight loading and sampler around
+fullband's own fusion, RMSNorm and RoPE, so the exported weights load under their own names. In soft and fused modes
+the top state a generated token is fused with rides in a per-request state slot (``FeedbackState``, a Mamba-style
+layer vLLM allocates and frees with the request); the decode modes are described in docs/serving.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""vLLM's scheduler with the chunk rule the feedback modes need.
-
-The model reads a request's state from a slot vLLM manages and tells a prompt from a generated token by the
-chunk it arrives in: a chunk that starts at position 0 is prompt (prefilled plainly, plus the fused passes of
-fused:N), a one-token chunk after it is fed the previous position's top state. Two cases need the scheduler:
-
-- a preempted request is recomputed from its prompt and its generated tokens; here the prompt comes back as one
-  chunk and the generated tokens one per step, so each gets the state it was generated with and the replay
-  computes what the first run did;
-- fused:exact feeds every prompt token after the first the previous position's state: the prompt is scheduled
-  one token per step.
-"""
+"""vLLM's scheduler with the chunk rule the feedback modes need (docs/serving.md): a preempted request comes back
+as its prompt in one chunk and its generated tokens one per step, so each is fed the state it was generated with;
+fused:exact schedules the prompt one token per step."""
 
 from __future__ import annotations
 
