@@ -259,6 +259,11 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("along_s5", "the preset on S5 graded at 4x and 8x (validation rows) every 200 steps",
                        ("s5",), tuple(range(10, 20)), test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X,
                        modes=EXACT_MODES, along=200),
+    # along_s5 shows extrapolation arriving in the LR decay (the last 25% of the steps) and still rising at the end:
+    # the lever aimed at that, the decay over the last half of the same steps (the same wall time), paired with it.
+    StateTrackingSweep("decay05_s5", "the preset on S5 with the LR decay over the last half of its steps",
+                       ("s5",), tuple(range(10, 20)), {"train.decay_fraction": "0.5"}, test_seed=50_000,
+                       val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES),
     # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
     # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
     # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.

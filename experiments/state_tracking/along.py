@@ -150,8 +150,8 @@ def plot(records: list[dict], lengths: list[str], norms: dict[int, list[dict]], 
     for ax in axes.flat[n:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7, loc="lower right")
-    fig.supxlabel("step (dotted: the model keep_best kept; black: training loss, log scale, right; red: the "
-                  "state's norm after the prompt at 8x, own scale)", fontsize=8)
+    fig.supxlabel("step (dotted: the model keep_best kept; grey: training loss, log scale, right"
+                  + ("; red: the state's norm after the prompt at 8x, own scale)" if norms else ")"), fontsize=8)
     fig.supylabel("exact-match accuracy, validation rows")
     fig.tight_layout()
     print(f"plot: {save(fig, out, 130)}")
@@ -191,6 +191,16 @@ def main(argv: list[str] | None = None) -> None:
           f"{len(rows)}; that end there: {sum(s['last'] >= 0.99 for s in rows)}; "
           f"best val {fmt([s['best'] for s in rows])}, "
           f"val at the end {fmt([s['last'] for s in rows])}, kept model test {fmt([s['kept_test'] for s in rows])}")
+    last = records[0]["along"][-1]["step"]
+    decay = [p["step"] for p in records[0]["along"] if p["step"] >= 0.75 * last]
+    print(f"\nvalidation at {top} moves over the LR decay (the last 25% of the steps), per seed:\n")
+    print("| seed | " + " | ".join(f"step {step}" for step in decay) + " |")
+    print("|---|" + "---|" * len(decay))
+    for record in records:
+        at = {p["step"]: p["val"][top] for p in record["along"]}
+        print(f"| {record['seed']} | " + " | ".join(f"{at[step]:.3f}" for step in decay) + " |")
+    print("| mean [95% t] | " + " | ".join(fmt([{p["step"]: p["val"][top] for p in r["along"]}[step]
+                                                 for r in records]) for step in decay) + " |")
     norms: dict[int, list[dict]] = {}
     if args.state_norm:
         out = args.results / f"{args.name}_state.jsonl"
