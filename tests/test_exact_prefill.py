@@ -97,8 +97,6 @@ def test_scoring_and_settings():
     settings.check_within(1)  # no Jacobi passes to bound
     with pytest.raises(DecodeSettingsError, match="an integer >= 1, 'auto' or 'exact'"):
         DecodeSettings().with_label("fused:exactly")
-    with pytest.raises(ValueError, match="'auto' or 'exact'"):
-        model.prefill(torch.tensor([[1, 2]]), "sometimes")
 
 
 def test_the_recurrence_continues_a_filled_cache_from_a_carried_state():

@@ -52,7 +52,7 @@ def left_pad(
         raise ValueError("generate() needs at least one prompt")
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], device=device)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows], dtype=torch.bool, device=device)
     return ids, mask
 
 
