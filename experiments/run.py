@@ -164,6 +164,9 @@ class Runner:
         if sweep.val_seed is None:
             raise ValueError(f"sweep {sweep.name}: along needs val_seed (it grades validation rows)")
         lengths = [str(m * sweep.moves) for m in sweep.along_lengths]
+        if not set(sweep.along_lengths) <= set(sweep.lengths):
+            raise ValueError(f"sweep {sweep.name}: along_lengths {sweep.along_lengths} must be among its lengths "
+                             f"{sweep.lengths} (the validation rows graded along are the sweep's own)")
         tasks = [item for n in lengths for item in ("--task", f"jsonl:{vals[n]}")] if vals else []
         checkpoints = sorted((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
         # one process grades them all (experiments/bench_each.py): a bench per checkpoint would start Python each time

@@ -158,3 +158,42 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys, monkeypa
     assert " -m fullband train --config state-tracking " in train and "--train.seed 0" in train
     assert " -m fullband bench " in bench and "test8.jsonl" in bench and "--modes standard,fused:exact" in bench
     assert not any(tmp_path.iterdir())
+
+
+def test_along_keeps_and_grades_every_checkpoint_once_and_the_analysis_reads_them(tmp_path, capsys):
+    sweep = StateTrackingSweep(**{**SWEEP_ARGS, "name": "tiny_along", "overrides": {**TINY, "train.ckpt_every": "5"}},
+                               along=10, along_lengths=(1, 2))
+    results, runs = tmp_path / "results" / "tiny_along.json", tmp_path / "runs"
+    assert runner.Runner(sweep, runs, results).run(sweep.jobs(), 1) == [("parity", 0)]
+    (record,) = json.loads(results.read_text())
+    run = runs / "tiny_along" / "parity_s0"
+    # every `along` steps a checkpoint, all kept (the preset's keep_checkpoints would delete the first), each graded
+    # by fullband bench on the validation rows of the sweep's along lengths
+    assert [p["step"] for p in record["along"]] == [10, 20]
+    for point in record["along"]:
+        graded = json.loads((run / "along" / f"step_{point['step']:08d}" / "results.json").read_text())["results"]
+        for moves in ("4", "8"):
+            path = run.with_name(run.name + ".data") / f"val{moves}.jsonl"
+            assert point["val"][moves] == graded[f"jsonl:{path}"]["fused:exact"]["0.0"]["accuracy"]
+    stamps = [p.stat().st_mtime_ns for p in sorted((run / "along").glob("*/results.json"))]
+    assert runner.Runner(sweep, runs, results).grade_along(run, {n: str(run.with_name(run.name + ".data") /
+                                                                       f"val{n}.jsonl") for n in ("4", "8")},
+                                                           tmp_path / "log") == record["along"]
+    assert [p.stat().st_mtime_ns for p in sorted((run / "along").glob("*/results.json"))] == stamps  # not regraded
+
+    from experiments.state_tracking import along
+
+    SWEEPS["tiny_along"] = sweep
+    try:
+        along.main(["tiny_along", "--task", "parity", "--results", str(results.parent), "--runs-dir", str(runs),
+                    "--plot", str(tmp_path / "along.png")])
+    finally:
+        del SWEEPS["tiny_along"]
+    out = capsys.readouterr().out
+    assert "| 0 |" in out and f"| {record['kept_step']} |" in out and (tmp_path / "along.png").stat().st_size > 0
+
+
+def test_along_refuses_lengths_the_sweep_does_not_grade(tmp_path):
+    sweep = StateTrackingSweep(**{**SWEEP_ARGS, "name": "tiny_along"}, along=10, along_lengths=(4,))
+    with pytest.raises(ValueError, match="along_lengths"):
+        runner.Runner(sweep, tmp_path).grade_along(tmp_path, {}, tmp_path / "log")
