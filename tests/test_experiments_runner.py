@@ -161,8 +161,9 @@ def test_dry_run_prints_the_commands_and_runs_nothing(tmp_path, capsys, monkeypa
 
 
 def test_along_keeps_and_grades_every_checkpoint_once_and_the_analysis_reads_them(tmp_path, capsys):
-    sweep = StateTrackingSweep(**{**SWEEP_ARGS, "name": "tiny_along", "overrides": {**TINY, "train.ckpt_every": "5"}},
-                               along=10, along_lengths=(1, 2))
+    overrides = {k: v for k, v in TINY.items() if k != "train.ckpt_every"}  # a sweep's own overrides would win
+    sweep = StateTrackingSweep(**{**SWEEP_ARGS, "name": "tiny_along", "overrides": overrides}, along=10,
+                               along_lengths=(1, 2))
     results, runs = tmp_path / "results" / "tiny_along.json", tmp_path / "runs"
     assert runner.Runner(sweep, runs, results).run(sweep.jobs(), 1) == [("parity", 0)]
     (record,) = json.loads(results.read_text())
