@@ -6,6 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from fullband.errors import CheckpointError
@@ -30,6 +31,12 @@ AUTO_MAP = {
     "AutoConfig": "configuration_fullband.FullBandHFConfig",
     "AutoModelForCausalLM": "modeling_fullband.FullBandForCausalLM",
 }
+
+
+def export_weights(model: FullBandLM) -> dict[str, torch.Tensor]:
+    """The model's weights under the names of an export (``FullBandForCausalLM`` holds ``FullBandLM`` under
+    ``model``), as its safetensors file and the vLLM plugin's ``load_weights`` take them."""
+    return {f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}
 
 
 def export_hf(
@@ -88,7 +95,7 @@ def export_hf(
     for stale in dst.glob("model*.safetensors*"):
         stale.unlink()
     weights = dst / "model.safetensors"
-    save_file({f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}, weights, {"format": "pt"})
+    save_file(export_weights(model), weights, {"format": "pt"})
     os.chmod(weights, ordinary_file_mode())
     for name, code in SHIPPED_CODE.items():
         shutil.copyfile(code, dst / name)

@@ -13,6 +13,12 @@ averaged per rollout then over rollouts (``aggregation="sequence"``, GRPO) or ov
 ``clip_high > clip_low`` (0.28 against 0.2 in the paper); its dynamic sampling drops the groups whose rewards are all
 equal (``informative_groups``): their advantages are 0, so they only dilute the batch. These are the formulas of
 TRL's ``GRPOTrainer`` (loss types "grpo" and "dapo"; tests/test_rl.py checks them against it).
+
+Rollouts sampled by another engine (vLLM) come from a slightly different distribution than the trainer's π_old.
+``importance_weights`` is TRL's correction for it (``vllm_importance_sampling_mode``): per token
+w = exp(log π_old - log π_sampler), or per rollout w = exp(Σ_t (log π_old - log π_sampler)) for every token of it;
+"truncate" caps w at ``cap``, "mask" sets a w above ``cap`` to 0. ``grpo_loss`` multiplies each token's clipped
+term by w before the KL term is added, as TRL does (tests/test_rl_vllm.py checks them against it).
 """
 
 from __future__ import annotations
@@ -22,11 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["AGGREGATIONS", "REWARD_SCALES", "GRPOLoss", "grpo_loss", "group_advantages", "informative_groups",
-           "pad_rows"]
+__all__ = ["AGGREGATIONS", "IS_CORRECTIONS", "REWARD_SCALES", "GRPOLoss", "grpo_loss", "group_advantages",
+           "importance_weights", "informative_groups", "pad_rows"]
 
 AGGREGATIONS = ("sequence", "token")
 REWARD_SCALES = ("group", "none")
+IS_CORRECTIONS = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+IS_CAP = 3.0  # TRL's vllm_importance_sampling_clip_max
 STD_EPS = 1e-4  # TRL's: a group whose rewards barely differ does not get huge advantages
 
 
@@ -68,6 +76,32 @@ def pad_rows(rows: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return padded, mask
 
 
+def importance_weights(old_logprobs: Sequence[torch.Tensor], sampling_logprobs: Sequence[torch.Tensor],
+                       correction: str, cap: float = IS_CAP) -> torch.Tensor:
+    """The importance weights of rollouts sampled by another engine (module doc): ``old_logprobs`` the trainer's
+    log-probabilities of the sampled tokens (π_old), ``sampling_logprobs`` the sampler's, one 1-D tensor per rollout
+    each. Returns (N, L) per-token weights (right-padded with 1) for the token corrections, (N, 1) per-rollout
+    weights for the sequence ones, and for ``"none"`` the raw per-token ratios (what a correction would start
+    from: the loss leaves them out)."""
+    if correction not in IS_CORRECTIONS:
+        raise ValueError(f"unknown importance-sampling correction {correction!r}; choose one of "
+                         f"{', '.join(IS_CORRECTIONS)}")
+    if len(old_logprobs) != len(sampling_logprobs) or any(
+            len(o) != len(s) for o, s in zip(old_logprobs, sampling_logprobs)):
+        raise ValueError("old_logprobs and sampling_logprobs must have one row per rollout, of equal lengths")
+    old, mask = pad_rows([o.detach() for o in old_logprobs])
+    sampling, _ = pad_rows([s.detach().to(old.dtype) for s in sampling_logprobs])
+    log_ratio = (old - sampling) * mask
+    if correction.startswith("sequence"):
+        log_ratio = log_ratio.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if correction.endswith("truncate"):
+        return torch.clamp(ratio, max=cap)
+    if correction.endswith("mask"):
+        return ratio.masked_fill(ratio > cap, 0.0)
+    return ratio
+
+
 @dataclass
 class GRPOLoss:
     loss: torch.Tensor  # the scalar to backpropagate
@@ -85,10 +119,12 @@ def grpo_loss(
     clip_high: float = 0.2,
     kl_coef: float = 0.0,
     aggregation: str = "sequence",
+    is_weights: torch.Tensor | None = None,
 ) -> GRPOLoss:
     """The clipped GRPO loss (module doc) of ragged rollouts: ``logprobs`` (differentiable, one 1-D tensor per
     rollout), ``old_logprobs`` those of the sampling policy (no gradient), ``advantages`` (N,), ``ref_logprobs``
-    those of the reference model (needed when ``kl_coef`` > 0)."""
+    those of the reference model (needed when ``kl_coef`` > 0), ``is_weights`` the importance weights of
+    another engine's rollouts (``importance_weights``: (N, L) or (N, 1)), None for none."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
     if not (clip_low >= 0 and clip_high >= 0):
@@ -102,10 +138,15 @@ def grpo_loss(
     old, _ = pad_rows([o.detach().to(new.dtype) for o in old_logprobs])
     if old.shape != new.shape:
         raise ValueError("old_logprobs rows must have the lengths of the logprobs rows")
+    if is_weights is not None and tuple(is_weights.shape) not in {tuple(new.shape), (new.shape[0], 1)}:
+        raise ValueError(f"is_weights of shape {tuple(is_weights.shape)} for {tuple(new.shape)} padded rollouts: "
+                         "give one weight per token (N, L) or per rollout (N, 1)")
     adv = advantages.to(device=new.device, dtype=new.dtype)[:, None]
     ratio = torch.exp(new - old)
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
     per_token = -torch.min(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(device=new.device, dtype=new.dtype)
     kl = None
     if ref_logprobs is not None:
         ref, _ = pad_rows([r.detach().to(new.dtype) for r in ref_logprobs])

@@ -43,16 +43,31 @@ from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate
 from fullband.loading import encode_prompt, load_model
 from fullband.model import FullBandLM
-from fullband.rl.grpo import AGGREGATIONS, REWARD_SCALES, group_advantages, grpo_loss, informative_groups
+from fullband.rl.grpo import (
+    AGGREGATIONS,
+    IS_CAP,
+    IS_CORRECTIONS,
+    REWARD_SCALES,
+    group_advantages,
+    grpo_loss,
+    importance_weights,
+    informative_groups,
+    pad_rows,
+)
 from fullband.rl.logprobs import rollout_logprobs, rollout_logprobs_and_entropies
 from fullband.rl.rewards import REWARD_KINDS, ExactMatchReward, RewardFunction, make_reward
 from fullband.storage import ModelDir, latest_valid_checkpoint
 from fullband.train.checkpoint import read_checkpoint, write_checkpoint
 from fullband.train.tracking import RunLog
 
+if typing.TYPE_CHECKING:
+    from fullband.vllm.rollouts import VLLMRollouts
+
 CONFIG_NAME = "config.yaml"  # OUT_DIR/config.yaml: {"rl": the RLConfig}, as fullband train saves its own
 LR_SCHEDULES = ("constant", "cosine", "linear")
 STOPS = ("auto", "newline", "eos")
+ROLLOUT_ENGINES = ("fullband", "vllm")
+VLLM_EXPORT_DIR = "vllm_policy"  # OUT_DIR/vllm_policy: the export vLLM starts from, removed at the end of the run
 
 
 @dataclass
@@ -82,6 +97,14 @@ class RLConfig:
     mask_truncated_completions: bool = described(False, "leave the rollouts that reach max_new_tokens without "
                                                  "ending out of the loss (TRL's option), beside truncated_reward")
     temperature: float = described(1.0, "sampling temperature of the rollouts (the log-probabilities use the same)")
+    rollout_engine: str = described("fullband", "what samples the rollouts: 'fullband' (fullband's generate) or "
+                                    "'vllm' (vLLM in this process through the fullband.vllm plugin, the weights "
+                                    "synced every step; standard, soft, fused:N and fused:exact)")
+    is_correction: str = described("none", "rollout_engine vllm: importance-sampling correction of the mismatch "
+                                   f"between vLLM's and the trainer's probabilities, TRL's modes: "
+                                   f"{', '.join(IS_CORRECTIONS)}")
+    is_clip_max: float = described(IS_CAP, "is_correction: the cap C of the weights (truncate: min(w, C); mask: "
+                                   "w above C is 0)")
     updates_per_step: int = described(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
     lr: float = described(1e-4, "AdamW peak learning rate")
     lr_schedule: str = described("constant", f"after the warm-up: {', '.join(LR_SCHEDULES)} (decaying to "
@@ -135,6 +158,18 @@ class RLConfig:
             raise ConfigError(f"rl.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         if self.stop not in STOPS:
             raise ConfigError(f"rl.stop must be one of {', '.join(STOPS)}, got {self.stop!r}")
+        if self.rollout_engine not in ROLLOUT_ENGINES:
+            raise ConfigError(f"rl.rollout_engine must be one of {', '.join(ROLLOUT_ENGINES)}, "
+                              f"got {self.rollout_engine!r}")
+        if self.is_correction not in IS_CORRECTIONS:
+            raise ConfigError(f"rl.is_correction must be one of {', '.join(IS_CORRECTIONS)}, "
+                              f"got {self.is_correction!r}")
+        if self.is_correction != "none" and self.rollout_engine != "vllm":
+            raise ConfigError(f"rl.is_correction {self.is_correction} corrects for vLLM's rollouts; with "
+                              "rl.rollout_engine fullband the sampler is the trainer's model (every weight is 1): "
+                              "set rl.rollout_engine vllm or leave rl.is_correction none")
+        if not self.is_clip_max > 0:
+            raise ConfigError(f"rl.is_clip_max must be > 0, got {self.is_clip_max}")
         if self.scale_rewards not in REWARD_SCALES:
             raise ConfigError(f"rl.scale_rewards must be one of {', '.join(REWARD_SCALES)}, got {self.scale_rewards!r}")
         if self.group_size < 2:
@@ -274,27 +309,52 @@ def greedy_accuracy(model: FullBandLM, tokenizer: Any, records: Sequence[dict[st
 @dataclass
 class Rollouts:
     """Rollouts in consecutive groups (group_size per record): prompt ids (repeated per rollout), completion ids (cut
-    after their end token), rewards (N,), and per rollout (bool, N): correct by the reward, ended before the cap."""
+    after their end token), rewards (N,), and per rollout (bool, N): correct by the reward, ended before the cap.
+    ``sampling_logprobs``: the sampler's log-probability of each completion token when another engine (vLLM)
+    sampled them, None when fullband's own generate did (the trainer's are then the sampler's)."""
 
     prompts: list[list[int]]
     completions: list[list[int]]
     rewards: torch.Tensor
     correct: torch.Tensor
     ended: torch.Tensor
+    sampling_logprobs: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
 
     def rows(self, index: Iterable[int]) -> Rollouts:
         index = list(index)
+        sampling = None if self.sampling_logprobs is None else [self.sampling_logprobs[i] for i in index]
         return Rollouts([self.prompts[i] for i in index], [self.completions[i] for i in index], self.rewards[index],
-                        self.correct[index], self.ended[index])
+                        self.correct[index], self.ended[index], sampling)
 
     @staticmethod
     def cat(parts: Sequence[Rollouts]) -> Rollouts:
+        sampling = None
+        if all(p.sampling_logprobs is not None for p in parts):
+            sampling = [s for part in parts for s in part.sampling_logprobs]
         return Rollouts([p for part in parts for p in part.prompts], [c for part in parts for c in part.completions],
                         torch.cat([p.rewards for p in parts]), torch.cat([p.correct for p in parts]),
-                        torch.cat([p.ended for p in parts]))
+                        torch.cat([p.ended for p in parts]), sampling)
+
+
+SAMPLING_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+                    "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+                    "sampling/importance_sampling_ratio/max")
+
+
+def sampling_metrics(trainer_logprobs: Sequence[torch.Tensor], sampling_logprobs: Sequence[torch.Tensor],
+                     ratios: torch.Tensor) -> dict[str, float]:
+    """TRL's metrics of the sampler's mismatch, under TRL's names (``SAMPLING_METRICS``): |trainer - sampler|
+    log-probability over the completion tokens (mean, max) and the importance weights (``importance_weights``:
+    per token over the completion tokens, per rollout for the sequence corrections; min, mean, max)."""
+    trainer, mask = pad_rows(trainer_logprobs)
+    sampler, _ = pad_rows([s.to(trainer.dtype) for s in sampling_logprobs])
+    delta = (trainer - sampler).abs()[mask]
+    weights = ratios.flatten() if ratios.shape[1] == 1 else ratios[mask]
+    values = (delta.mean(), delta.max(), weights.min(), weights.mean(), weights.max())
+    return {name: float(value) for name, value in zip(SAMPLING_METRICS, values)}
 
 
 @dataclass
@@ -314,6 +374,7 @@ class RLTrainer:
         self.val_records = read_records(cfg.val_data)[: cfg.eval_prompts] if cfg.val_data else []
         self.reward = reward or make_reward(cfg.reward, cfg.allow_unsandboxed)
         source = ModelDir.open(cfg.model)
+        self.source = source.path
         self.tokenizer_dir = source.tokenizer if source.tokenizer != source.path else None  # not an export's
         if self.tokenizer_dir is None:
             raise FullbandError(f"{source.path} has no tokenizer directory saved with it; RL checkpoints copy it: "
@@ -345,6 +406,7 @@ class RLTrainer:
         self.stop = resolve_stop(cfg.stop, self.reward)
         self.end_ids = end_token_ids(self.tokenizer, self.stop)
         self.draws_per_step = 1 + (cfg.refill_rounds if cfg.dynamic_sampling else 0)
+        self.vllm: VLLMRollouts | None = None  # rl.rollout_engine vllm: started by the first step, shut by close()
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -367,17 +429,40 @@ class RLTrainer:
                                     f"{self.model.config.max_seq_len} leaves room for {room}")
         return prompts
 
+    def vllm_engine(self) -> VLLMRollouts:
+        """The vLLM engine of rl.rollout_engine vllm, started on first use."""
+        if self.vllm is None:
+            from fullband.vllm.rollouts import VLLMRollouts  # vLLM is optional: imported only when asked for
+
+            self.vllm = VLLMRollouts(self.model, self.source, self.out_dir / VLLM_EXPORT_DIR, self.decode)
+        return self.vllm
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (if one was started)."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
+
     def rollouts(self, step: int, draw: int) -> Rollouts:
         """Draw ``draw`` of ``step``: its records' rollouts, rewarded; one cut at max_new_tokens without its end gets
         truncated_reward (unless that is None)."""
         cfg, G = self.cfg, self.cfg.group_size
         records = self.draw_records(step, draw)
         prompts = [p for p in self.encode(records) for _ in range(G)]
-        with torch.no_grad():
-            rows = generate(self.model, prompts, cfg.max_new_tokens, decode=self.decode, temperature=cfg.temperature,
-                            seed=step_seed(cfg.seed, step, f"rollouts:{draw}"), eos_token_id=self.tokenizer.eos_id,
-                            stop_token_ids=sorted(self.end_ids))
-        done = finish(rows.tolist(), self.tokenizer, self.stop, self.end_ids)
+        sampling_logprobs = None
+        if cfg.rollout_engine == "vllm":
+            # One seed per rollout: vLLM draws each request from its own generator, whatever it is batched with.
+            seeds = [step_seed(cfg.seed, step, f"rollouts:{draw}:{row}") for row in range(len(prompts))]
+            rows, sampling_logprobs = self.vllm_engine().sample(prompts, cfg.max_new_tokens, cfg.temperature,
+                                                                sorted(self.end_ids), seeds)
+        else:
+            with torch.no_grad():
+                rows = generate(self.model, prompts, cfg.max_new_tokens, decode=self.decode,
+                                temperature=cfg.temperature, seed=step_seed(cfg.seed, step, f"rollouts:{draw}"),
+                                eos_token_id=self.tokenizer.eos_id, stop_token_ids=sorted(self.end_ids)).tolist()
+        done = finish(rows, self.tokenizer, self.stop, self.end_ids)
+        if sampling_logprobs is not None:  # vLLM stops at the end token already; the cut keeps what finish keeps
+            sampling_logprobs = [logprobs[: len(row)] for logprobs, row in zip(sampling_logprobs, done.tokens)]
         graded = self.reward(done.texts, [r["answer"] for r in records for _ in range(G)])
         ended = torch.tensor(done.ended)
         rewards = torch.tensor(graded, dtype=torch.float32)
@@ -385,13 +470,15 @@ class RLTrainer:
         if cfg.truncated_reward is not None:
             rewards = torch.where(ended, rewards, cfg.truncated_reward)
             correct &= ended
-        return Rollouts(prompts, done.tokens, rewards, correct, ended)
+        return Rollouts(prompts, done.tokens, rewards, correct, ended, sampling_logprobs)
 
     def sample_batch(self, step: int) -> tuple[Rollouts, Rollouts, int]:
         """(every rollout the step sampled, the ones the loss uses, the draws made). Without dynamic sampling both
         are the one draw; with it the loss keeps the groups whose rewards differ, from up to 1 + refill_rounds
         draws, at most prompts_per_step of them."""
         G, wanted = self.cfg.group_size, self.cfg.prompts_per_step * self.cfg.group_size
+        if self.cfg.rollout_engine == "vllm":
+            self.vllm_engine().load_policy(self.model, step)
         sampled, kept = [], []
         for draw in range(self.draws_per_step):
             batch = self.rollouts(step, draw)
@@ -427,8 +514,12 @@ class RLTrainer:
         prompts = [batch.prompts[i] for i in rows]
         completions = [batch.completions[i] for i in rows]
         advantages = advantages[rows]
+        sampling = None if batch.sampling_logprobs is None else [batch.sampling_logprobs[i] for i in rows]
         # NaN where nothing was updated (metrics.jsonl writes null; TensorBoard takes it as a float).
         out = dict(loss=math.nan, kl=math.nan, clip_fraction=math.nan, entropy=math.nan, grad_norm=math.nan)
+        if sampling is not None:
+            out.update(dict.fromkeys(SAMPLING_METRICS, math.nan))
+        is_weights = None
         scoring_s = backward_s = optimizer_s = 0.0
         # No signal, no step: AdamW would still move the weights by its momentum and decay its moments.
         skipped = not bool(advantages.any())
@@ -449,8 +540,15 @@ class RLTrainer:
                 t0 = time.perf_counter()
                 new, entropies = rollout_logprobs_and_entropies(self.model, prompts, completions, self.score_decode,
                                                                 cfg.temperature)
+                if update == 0 and sampling is not None:
+                    # TRL's mismatch metrics and weights: the trainer's log-probabilities before any update against
+                    # vLLM's, fixed for the step's updates.
+                    trainer_logprobs = old if old is not None else [n.detach() for n in new]
+                    ratios = importance_weights(trainer_logprobs, sampling, cfg.is_correction, cfg.is_clip_max)
+                    out.update(sampling_metrics(trainer_logprobs, sampling, ratios))
+                    is_weights = None if cfg.is_correction == "none" else ratios
                 loss = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
-                                 cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation)
+                                 cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation, is_weights)
                 if update == 0:  # the entropy of the policy that sampled
                     out["entropy"] = float(torch.cat(entropies).mean())
                 t1 = time.perf_counter()
@@ -523,6 +621,7 @@ class RLTrainer:
                 self._log_eval(log, accuracy)
             failed = False
         finally:
+            self.close()
             if progress is not None:
                 progress.close()
             log.close(failed)
