@@ -3,10 +3,10 @@ docs/rl.md "Rollouts through vLLM").
 
 The policy is exported once (``export_hf``) and served by an in-process ``vllm.LLM`` in the run's decode mode
 (standard, soft, fused:N or fused:exact: the modes the plugin computes exactly). Before each step's rollouts the
-trainer's current weights are loaded into that engine under the export's names (``load_policy``); the engine's
-model is then stamped with the policy version and a fingerprint of the weights it holds, and ``sample`` refuses to
-run unless the stamp is the one the last ``load_policy`` expects: a sync that silently did not happen would
-otherwise train on rollouts of an older policy.
+trainer's current weights are reloaded in place into that engine under the export's names (``load_policy``); the
+engine's model is then stamped with the policy version and a fingerprint of the weights its loader consumed, and
+``sample`` refuses to run unless the stamp is the one the last ``load_policy`` expects: a sync that silently did
+not happen would otherwise train on rollouts of an older policy.
 
 Each rollout has its own seed, so a resumed run samples the tokens the uninterrupted run sampled; the log-probability
 returned with each token is that of the distribution it was drawn from (after the temperature: vLLM's
@@ -20,11 +20,12 @@ import importlib.util
 import os
 import shutil
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
 
-from fullband.decoding import AUTO, DecodeSettings
+from fullband.decoding import AUTO, EXACT, DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.hf.export import export_hf, export_weights
 from fullband.model import FullBandLM
@@ -51,14 +52,31 @@ def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> tuple[int, int]:
     return total, squares
 
 
-def _load_and_stamp(weights: dict[str, torch.Tensor], version: int, model: torch.nn.Module) -> None:
-    # All weights in one call: the plugin's load_weights refuses a partial set.
-    model.load_weights(weights.items())
-    model.fullband_policy_version = version
+def _reload_and_stamp(weights: dict[str, torch.Tensor], version: int, worker) -> None:
+    """In vLLM's worker: reload the weights in place and stamp the model with the version and the fingerprint of
+    the tensors its loader consumed. vLLM's ``reload_weights``, not the model's ``load_weights`` alone: after
+    loading, vLLM turns some weights into kernel formats (on CPU, linear weights become packed oneDNN operands and
+    the parameters are emptied), and ``reload_weights`` restores the checkpoint layout, loads (all weights in one
+    call: the plugin refuses a partial set) and processes them again."""
+    consumed = []
+
+    def stream():
+        for name, tensor in weights.items():
+            consumed.append(tensor)
+            yield name, tensor
+
+    worker.reload_weights(weights_iterator=stream(), is_checkpoint_format=True)
+    model = worker.model_runner.get_model()
+    if model.config.tie_embeddings:
+        # The tied output head is the embedding, loaded under the embedding's name: the reload processes the
+        # embedding layer for lookups but not the head's kernel (on CPU a packed copy of the old weights), so the
+        # logits would stay those of the old weights.
+        model.lm_head.quant_method.process_weights_after_loading(model.lm_head)
+    model.fullband_policy_stamp = (version, weights_fingerprint(consumed))
 
 
-def _stamp(model: torch.nn.Module) -> tuple[int | None, tuple[int, int]]:
-    return getattr(model, "fullband_policy_version", None), weights_fingerprint(model.parameters())
+def _stamp(worker) -> tuple[int, tuple[int, int]] | None:
+    return getattr(worker.model_runner.get_model(), "fullband_policy_stamp", None)
 
 
 class VLLMRollouts:
@@ -95,11 +113,16 @@ class VLLMRollouts:
                        # vLLM 0.32's CPU runner fails a seeded request whose prompt a chunk ends inside.
                        enable_chunked_prefill=False, **options)
         self.expected_stamp: tuple[int, tuple[int, int]] | None = None
+        # vLLM 0.32's CPU runner fails a seeded request whose sample it discards (it rewinds the request's generator
+        # by an offset, which CPU generators do not have), and fused:exact feeds each prompt token by token, every
+        # step before the last discarding its sample. There the requests go unseeded and vLLM's CPU sampler draws
+        # their noise seeds from torch's global generator, seeded for the call: deterministic for the same prompts.
+        self.seeded_requests = not (model.device.type == "cpu" and decode.prefill_passes == EXACT)
 
     def load_policy(self, model: FullBandLM, version: int) -> None:
         """Load ``model``'s current weights into the engine (no restart) as policy ``version``."""
         weights = export_weights(model)
-        self.llm.apply_model(lambda served: _load_and_stamp(weights, version, served))
+        self.llm.collective_rpc(partial(_reload_and_stamp, weights, version))
         self.llm.reset_prefix_cache()  # cached prompt states are those of the old weights
         self.expected_stamp = (version, weights_fingerprint(weights.values()))
 
@@ -107,13 +130,13 @@ class VLLMRollouts:
                stop_token_ids: Sequence[int], seeds: Sequence[int]) -> tuple[list[list[int]], list[torch.Tensor]]:
         """(each prompt's sampled tokens, up to and including the first of ``stop_token_ids`` or ``max_tokens``
         long; float32 log-probabilities of those tokens under the distribution each was drawn from). Temperature
-        0 is greedy. ``seeds``: one per prompt."""
+        0 is greedy. ``seeds``: one per prompt (see ``seeded_requests`` for fused:exact on CPU)."""
         from vllm import SamplingParams
 
         if self.expected_stamp is None:
             raise RuntimeError("VLLMRollouts.sample before load_policy: the engine holds the exported starting "
                                "weights, not the policy's")
-        taken = self.llm.apply_model(_stamp)
+        taken = self.llm.collective_rpc(_stamp)
         if any(stamp != self.expected_stamp for stamp in taken):
             raise RuntimeError(f"vLLM did not take the policy weights: the engine's model is stamped {taken}, the "
                                f"last load_policy expects {self.expected_stamp} (version, weight fingerprint); "
@@ -121,8 +144,11 @@ class VLLMRollouts:
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: give one seed per prompt")
         params = [SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=list(stop_token_ids),
-                                 ignore_eos=True, logprobs=0, seed=seed, detokenize=False) for seed in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+                                 ignore_eos=True, logprobs=0, seed=seed if self.seeded_requests else None,
+                                 detokenize=False) for seed in seeds]
+        with torch.random.fork_rng(devices=[]):  # the trainer's global generator as it was, afterwards
+            torch.manual_seed(seeds[0])
+            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         rows, logprobs = [], []
         for output in outputs:
             completion = output.outputs[0]
