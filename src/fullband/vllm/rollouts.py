@@ -102,6 +102,9 @@ class VLLMRollouts:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # The trainer computes on the same cores; vLLM's CPU worker would otherwise pin its threads.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # vLLM sets torch to one thread for serving unless OMP_NUM_THREADS is set: in this process that would be
+        # the trainer's thread count too.
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         from vllm import LLM
 
         self.export_dir = Path(export_dir)
