@@ -172,6 +172,8 @@ def run_case(args, root: Path, device, dtype, sync, label: str, engine: str, row
         from fullband.vllm.rollouts import VLLMRollouts
 
         vllm = VLLMRollouts(model, saved, root / f"vllm_policy_{label}", decode)
+        vllm.load_policy(model, -1)
+        vllm.sample(prompts, args.new_tokens, 1.0, [], range(len(prompts)))  # warm-up: vLLM's first requests pay its start
     try:
         for rep in range(repeats):
             with torch.no_grad():
