@@ -173,7 +173,8 @@ def run_case(args, root: Path, device, dtype, sync, label: str, engine: str, row
 
         vllm = VLLMRollouts(model, saved, root / f"vllm_policy_{label}", decode)
         vllm.load_policy(model, -1)
-        vllm.sample(prompts, args.new_tokens, 1.0, [], range(len(prompts)))  # warm-up: vLLM's first requests pay its start
+        # Untimed: vLLM's first requests pay its warm-up.
+        vllm.sample(prompts, args.new_tokens, 1.0, [], range(len(prompts)))
     try:
         for rep in range(repeats):
             with torch.no_grad():
