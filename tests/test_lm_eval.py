@@ -5,6 +5,7 @@ stock ``hf`` model on an export, and clear errors. Everything offline."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
@@ -341,6 +342,21 @@ def test_bad_model_args_and_checkpoints(byte_model_dir, tmp_path):
     lm = FullbandLM(pretrained=path, device="cpu", max_length=8)
     with pytest.raises(ValueError, match="does not fit max_length=8"):
         lm._score([([256, 1], [2] * 12)])
+
+
+def test_dtype_is_as_stored_unless_asked(byte_model_dir, tmp_path):
+    """One dtype rule at every door: the weights' stored dtype unless dtype= asks for another."""
+    from fullband.data.tokenizers import ByteTokenizer
+    from fullband.lm_eval import FullbandLM
+
+    root, model, _ = byte_model_dir
+    copy.deepcopy(model).to(torch.float64).save_pretrained(tmp_path / "f64")
+    ByteTokenizer().save(tmp_path / "f64" / "tokenizer")
+    assert FullbandLM(pretrained=str(tmp_path / "f64"), device="cpu").model.embed.weight.dtype == torch.float64
+    asked = FullbandLM(pretrained=str(tmp_path / "f64"), device="cpu", dtype="float32")
+    assert asked.model.embed.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="dtype='float8' is not one of float32, bfloat16, float16, float64"):
+        FullbandLM(pretrained=str(root / "model"), dtype="float8")
 
 
 def test_cli_runs_lm_eval_and_reports_bad_tasks(byte_model_dir, tmp_path, capsys, monkeypatch):

@@ -21,7 +21,7 @@ from fullband.decoding import DecodeSettings
 from fullband.detokenize import StreamingDetokenizer
 from fullband.errors import ConfigError
 from fullband.generation import decode_settings
-from fullband.loading import PRESET_DIR
+from fullband.loading import DTYPES, PRESET_DIR
 from fullband.sampling import SamplingParams
 
 METAVARS = {int: "INT", float: "FLOAT", str: "STR", bool: "BOOL", dict: "YAML_MAPPING"}
@@ -69,9 +69,6 @@ def add_validation_data_options(parser: argparse.ArgumentParser, batches: int) -
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default: 8)")
     parser.add_argument("--no-sequential", action="store_true", help="skip the (slow) exact sequential recurrence")
     add_device_options(parser)
-
-
-DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:

@@ -25,13 +25,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from fullband.decoding import DecodeSettings
 from fullband.errors import FullbandError
 from fullband.generation import SCORINGS, decode_settings, generate_stream, score_continuations
-from fullband.loading import default_device, load_model
+from fullband.loading import DTYPES, default_device, load_model
 from fullband.sampling import SamplingParams
 from fullband.stop_strings import first_stop, tokens_until_stop
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "top_k", "top_p")
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default for tasks that do not set max_gen_toks
 
@@ -56,12 +55,13 @@ class FullbandLM(TemplateLM):
         batch_size: int | str = 8,
         max_batch_size: int | None = None,
         device: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         max_length: int | None = None,
     ) -> None:
         super().__init__()
         _check_choice("scoring", scoring, SCORINGS)
-        _check_choice("dtype", dtype, list(DTYPES))
+        if dtype is not None:
+            _check_choice("dtype", dtype, DTYPES)
         overrides = dict(decode_mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
                          fused_max_passes=fused_max_passes)
         DecodeSettings().with_overrides(**overrides)  # a bad value fails before the model is loaded
@@ -76,8 +76,9 @@ class FullbandLM(TemplateLM):
             device = "cpu"
         # A run, checkpoint or model directory, or a `fullband export-hf` directory (loaded back into FullBandLM,
         # so every decode mode works on exports too).
-        model, self.tokenizer_fb = load_model(pretrained, device or default_device())
-        self.model = model.to(DTYPES[dtype])
+        # dtype: as every door, default the dtype the weights are stored in.
+        self.model, self.tokenizer_fb = load_model(pretrained, device or default_device(),
+                                                   getattr(torch, dtype) if dtype else None)
         self.decode = decode_settings(self.model, **overrides)
         if scoring == "prefill" and self.decode.mode == "soft":
             raise ValueError("fullband lm-eval model: scoring=prefill runs a mode's prefill passes over the whole "

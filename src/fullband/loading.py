@@ -29,6 +29,9 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+DTYPES = ("float32", "bfloat16", "float16", "float64")  # what --dtype and lm-eval's dtype= take
+
+
 def load_model(model: str | os.PathLike | ModelDir, device: str | None = None, dtype: torch.dtype | None = None
                ) -> tuple[LanguageModel, Tokenizer]:
     """(model in eval mode, its tokenizer) from any path ``ModelDir.open`` takes, or an opened ``ModelDir``; in

@@ -80,8 +80,6 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> None:
-    if args.modes is not None:
-        parse_modes(args.modes)  # a bad mode fails before the model is loaded
     temperatures = parse_temperatures(args.temperatures)
     ks = _ints(args.k, "--k")
     for name in ("samples", "limit", "max_new_tokens", "batch_size", "workers"):
@@ -91,6 +89,9 @@ def run(args: argparse.Namespace) -> None:
     if ks[-1] > args.samples and any(t > 0 for t in temperatures):
         raise ConfigError(f"pass@{ks[-1]} needs --samples >= {ks[-1]} (got {args.samples})")
     model_dir = ModelDir.open(args.model)
+    # Modes from the stored settings before the weights are read: a bad mode fails before the model is loaded.
+    base = model_dir.decode.with_overrides(fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
+    modes = parse_modes(args.modes or base.label, base)
     recorded = run_data_settings(model_dir.run)
     data_seed = args.data_seed if args.data_seed is not None else recorded.get("seed", 0)
     val_examples = args.val_examples or recorded.get("synthetic_val_examples", 500)
@@ -104,8 +105,6 @@ def run(args: argparse.Namespace) -> None:
         print(f"warning: model-written code runs WITHOUT a sandbox ({ALLOW_FLAG}), with resource limits only: "
               f"{bubblewrap_problem()}", file=sys.stderr)
     model, tokenizer = load_model(model_dir, args.device, model_dtype(args))
-    base = decode_settings(model, fused_tol=args.fused_tol, fused_max_passes=args.fused_max_passes)
-    modes = parse_modes(args.modes or base.label, base)
     for mode in modes:
         decode_settings(model, mode)  # a mode the model cannot decode in (a baseline's soft) fails before any task runs
     print("decode settings: " + ", ".join(m.describe() for m in modes), file=sys.stderr)
