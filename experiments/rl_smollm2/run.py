@@ -87,8 +87,10 @@ def fullband(*args: str, log: Path, threads: int) -> float:
     with open(log, "a") as out:
         out.write(f"$ OMP_NUM_THREADS={threads} fullband {' '.join(args)}\n")
         out.flush()
-        subprocess.run([sys.executable, "-m", "fullband", *args], check=True, env=env, stdout=out,
-                       stderr=subprocess.STDOUT)
+        code = subprocess.run([sys.executable, "-m", "fullband", *args], env=env, stdout=out,
+                              stderr=subprocess.STDOUT).returncode
+    if code:
+        raise SystemExit(f"fullband {args[0]} exited with status {code}; its output is at the end of {log}")
     return time.perf_counter() - start
 
 
