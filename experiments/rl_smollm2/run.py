@@ -16,6 +16,7 @@ resumes from its newest checkpoint; a finished one (results/seedN/result.json) i
 
 Usage (from the repository root):
     python -m experiments.rl_smollm2.run --start                   # validation start accuracy of every variant
+    python -m experiments.rl_smollm2.run --validation --seeds 100  # the recipe's check on validation prompts
     python -m experiments.rl_smollm2.run --seeds 0,1,2             # the RL runs (results/ gets their files)
     python -m experiments.rl_smollm2.run --table                   # before/after per seed, the paired lift
 """
@@ -155,26 +156,40 @@ def start_accuracy(runs: Path, threads: int) -> dict[str, float]:
     return scores
 
 
-def run_seed(runs: Path, results: Path, seed: int, args: argparse.Namespace) -> dict:
-    """One seed's RL run (resumed where it stopped), its files copied to RESULTS/seedN with result.json."""
+def run_name(seed: int, split: str) -> str:
+    return f"seed{seed}" if split == "test" else f"{split}_seed{seed}"
+
+
+def finished(job: Path, steps: int) -> bool:
+    """Whether the run in ``job`` has graded its held-out prompts after its last step."""
+    evals = job / "eval.jsonl"
+    return evals.is_file() and json.loads(evals.read_text().splitlines()[-1])["step"] == steps
+
+
+def run_seed(runs: Path, results: Path, seed: int, split: str, args: argparse.Namespace) -> dict:
+    """One seed's RL run, graded on ``split`` ("test": before and after; "validation", the recipe's check: also
+    halfway), resumed where it stopped (not rerun once finished); its files go to RESULTS/NAME with result.json."""
     model = converted(runs, args.threads)
     files = prepare_data(runs, TASK)
-    job = runs / TASK / f"seed{seed}"
-    options = [*RECIPE, "--rl.steps", str(args.steps), "--rl.eval_every", str(args.steps),
+    name = run_name(seed, split)
+    job = runs / TASK / name
+    every = args.steps if split == "test" else max(1, args.steps // 2)
+    options = [*RECIPE, "--rl.steps", str(args.steps), "--rl.eval_every", str(every),
                "--rl.eval_prompts", str(args.eval_prompts)]
     if args.engine != "fullband":  # rl.rollout_engine: the option of the vLLM rollout engine
         options += ["--rl.rollout_engine", args.engine]
-    seconds = fullband("rl", str(model), "--out-dir", str(job), "--resume", "--rl.data", str(files["train"]),
-                       "--rl.val_data", str(files["test"]), "--rl.seed", str(seed), *options,
-                       log=runs / TASK / f"seed{seed}.log", threads=args.threads)
+    if not finished(job, args.steps):
+        fullband("rl", str(model), "--out-dir", str(job), "--resume", "--rl.data", str(files["train"]),
+                 "--rl.val_data", str(files[split]), "--rl.seed", str(seed), *options, log=runs / TASK / f"{name}.log",
+                 threads=args.threads)
     evals = [json.loads(line) for line in (job / "eval.jsonl").read_text().splitlines()]
     metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]
-    record = {"task": TASK, "seed": seed, "engine": args.engine, "threads": args.threads, "graded_on": "test",
+    record = {"task": TASK, "seed": seed, "engine": args.engine, "threads": args.threads, "graded_on": split,
               "prompts": evals[-1]["prompts"], "decode": evals[-1]["decode"], "steps": evals[-1]["step"],
               "before": evals[0]["accuracy"], "after": evals[-1]["accuracy"],
-              "rl_step_seconds": round(sum(m["step_s"] for m in metrics), 1),
-              "wall_seconds_last_invocation": round(seconds, 1), "options": options}
-    out = results / f"seed{seed}"
+              "curve": {e["step"]: e["accuracy"] for e in evals},
+              "rl_step_seconds": round(sum(m["step_s"] for m in metrics), 1)}  # the options: config.yaml beside it
+    out = results / name
     out.mkdir(parents=True, exist_ok=True)
     for name in ("eval.jsonl", "metrics.jsonl", "config.yaml"):
         shutil.copy(job / name, out / name)
@@ -215,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=STEPS, help="RL steps per seed (fewer for a smoke run)")
     p.add_argument("--eval-prompts", type=int, default=HELD_OUT_RECORDS, help="test prompts graded before and after")
     p.add_argument("--start", action="store_true", help="measure every variant's start accuracy on validation")
+    p.add_argument("--validation", action="store_true", help="the recipe's check: run the seeds graded on the "
+                   "validation prompts (results/validation_seedN; the README's check is seed 100)")
     p.add_argument("--table", action="store_true", help="print the table of the finished seeds")
     args = p.parse_args(argv)
     if args.start:
@@ -222,8 +239,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.table:
         for seed in (int(s) for s in args.seeds.split(",")):
-            if not (args.results / f"seed{seed}" / "result.json").is_file():
-                print(json.dumps(run_seed(args.runs, args.results, seed, args)), flush=True)
+            split = "validation" if args.validation else "test"
+            if not (args.results / run_name(seed, split) / "result.json").is_file():
+                print(json.dumps(run_seed(args.runs, args.results, seed, split, args)), flush=True)
     print(table(args.results))
 
 
