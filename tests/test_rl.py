@@ -11,15 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from fullband import FullBandConfig, FullBandLM
 from fullband.bench.sandbox import bubblewrap_problem
 from fullband.cli import main
 from fullband.config import read_sections
+from fullband.data.chat import apply_chat_template
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.decoding import DecodeSettings
 from fullband.errors import ConfigError, FullbandError
 from fullband.generation import generate, score_continuations
+from fullband.loading import encode_prompt
 from fullband.model import prompt_plain
 from fullband.rl import (
     CodeTestReward,
@@ -661,3 +664,78 @@ def test_the_bundled_recipe_is_a_config_name(soft_model_dir, records, tmp_path):
     mine = tmp_path / "state-tracking"
     mine.write_text("rl:\n  lr: 0.5\n")
     assert config_path(str(mine)) == mine
+
+
+# ---- chat prompts (rl.chat) ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory) -> Path:
+    """A tiny FBT with the byte tokenizer's chat extension (the built-in template, <|im_end|> ending a turn)."""
+    tok = ByteTokenizer(chat=True)
+    torch.manual_seed(0)
+    model = FullBandLM(FullBandConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                                      max_seq_len=64))
+    path = tmp_path_factory.mktemp("rl_chat") / "model"
+    model.save_pretrained(path)
+    tok.save(path / "tokenizer")
+    return path
+
+
+def test_chat_prompts_are_the_chat_template_and_replies_end_at_the_end_of_turn(chat_model_dir, records, tmp_path,
+                                                                                monkeypatch):
+    """rl.chat: the rollouts' and the evaluation's prompts are apply_chat_template's one-user-message conversation;
+    the end-of-turn token ends a rollout (not a newline, with the exact reward's auto stop), and the reward grades
+    the reply before it. Without rl.chat the same prompts are plain text and the same rows do not end."""
+    tok = ByteTokenizer(chat=True)
+    end_of_turn = tok.token_to_id("<|im_end|>")
+    rows = [tok.encode("85") + [end_of_turn] + tok.encode("x"), tok.encode("8\n5") + [end_of_turn],
+            tok.encode("1234")]
+    calls = []
+
+    def fake_generate(model, prompts, max_new_tokens, **kwargs):
+        calls.append(dict(prompts=prompts, **kwargs))
+        return torch.tensor(rows[: len(prompts)] if len(prompts) <= len(rows) else [rows[0]] * len(prompts))
+
+    monkeypatch.setattr("fullband.rl.trainer.generate", fake_generate)
+    for chat in (True, False):
+        cfg = rl_config(chat_model_dir, records, chat=chat, prompts_per_step=1, group_size=3, max_new_tokens=4,
+                        stop="auto" if chat else "newline")
+        trainer = RLTrainer(cfg, tmp_path / str(chat), reward=Recorder())
+        record = trainer.draw_records(0, 0)[0]
+        batch = trainer.rollouts(0, 0)
+        trainer.evaluate()
+        rollout_call, eval_call = calls[-2:]
+        def encoded(text, chat=chat):
+            return apply_chat_template(tok, [{"role": "user", "content": text}]) if chat else encode_prompt(tok, text)
+
+        assert rollout_call["prompts"] == [encoded(record["prompt"])] * 3
+        assert eval_call["prompts"] == [encoded(r["prompt"]) for r in trainer.val_records]
+        if chat:
+            assert trainer.stop == "eos" and end_of_turn in rollout_call["stop_token_ids"]
+            assert eval_call["stop_token_ids"] == rollout_call["stop_token_ids"]
+            assert tok.encode("\n")[0] not in rollout_call["stop_token_ids"]
+            assert batch.ended.tolist() == [True, True, False]
+            assert batch.completions[:2] == [rows[0][:3], rows[1]]
+            assert trainer.reward.seen[:3] == ["85", "8\n5", "1234"]
+        else:  # plain prompts, the exact reward's newline stop: <|im_end|> is just another token
+            assert trainer.stop == "newline" and end_of_turn not in rollout_call["stop_token_ids"]
+            assert batch.ended.tolist() == [False, True, False]
+            assert trainer.reward.seen[:3] == ["85x", "8", "1234"]
+
+
+def test_a_chat_run_trains_and_evaluates(chat_model_dir, records, tmp_path):
+    cfg = rl_config(chat_model_dir, records, chat=True, steps=2, eval_every=1, max_new_tokens=4)
+    result = run_rl(cfg, tmp_path, reward=ByteSumParity())
+    assert result.steps == 2 and 0.0 <= result.final_accuracy <= 1.0
+    assert [json.loads(line)["step"] for line in (tmp_path / "eval.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["rl"]["chat"] is True
+
+
+def test_chat_without_a_chat_template_is_refused(soft_model_dir, records, tmp_path):
+    """The plain byte tokenizer has neither a template nor the chat tokens: refused before any rollout, saying what
+    to do."""
+    with pytest.raises(ConfigError, match="rl.chat true needs a chat template.*fullband train --data.format chat"
+                       ".*leave rl.chat false"):
+        run_rl(rl_config(soft_model_dir, records, chat=True), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()

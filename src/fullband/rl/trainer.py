@@ -37,9 +37,10 @@ import yaml
 from fullband.bench.runner import stop_token_ids
 from fullband.bench.tasks import read_jsonl_records
 from fullband.config import coerce
+from fullband.data.chat import apply_chat_template, end_of_turn_ids
 from fullband.data.config import described
 from fullband.decoding import DecodeSettings
-from fullband.errors import ConfigError, FullbandError
+from fullband.errors import ConfigError, DataError, FullbandError
 from fullband.generation import generate
 from fullband.loading import encode_prompt, load_model
 from fullband.model import FullBandLM
@@ -76,6 +77,9 @@ class RLConfig:
     data: str = described("", "training records: JSONL of {\"prompt\": ..., \"answer\": ...}")
     val_data: str = described("", "held-out records (same format) for the greedy accuracy in eval.jsonl ('' = none)")
     reward: str = described("exact", f"reward function: {REWARD_KINDS} (fullband.rl.rewards)")
+    chat: bool = described(False, "apply the model's chat template to each record's prompt as one user message and "
+                           "end a rollout at the template's end of turn, as fullband chat and fullband serve's chat "
+                           "completions do; the reward grades the reply before it (rollouts and evaluation alike)")
     allow_unsandboxed: bool = described(False, "code reward: run programs under the resource-limit guard where "
                                         "bubblewrap cannot run (not a security boundary)")
     decode_mode: str = described("", "rollout decode mode (standard, soft, fused:N, fused:auto, fused:exact); '' = "
@@ -88,9 +92,10 @@ class RLConfig:
     group_size: int = described(8, "rollouts per record (the G of GRPO)")
     max_new_tokens: int = described(16, "longest rollout, in tokens; leave room for the answer and its end (a "
                                     "rollout that reaches it unended gets truncated_reward)")
-    stop: str = described("auto", "what ends a rollout besides the end token: 'newline' (a token holding a newline; "
-                          "the reward grades the text before it), 'eos' (the end token only), 'auto' (newline for the "
-                          "exact reward, whose answers are one line, as fullband bench's jsonl tasks stop; eos else)")
+    stop: str = described("auto", "what ends a rollout besides the end token (with rl.chat, the end of turn): "
+                          "'newline' (a token holding a newline; the reward grades the text before it), 'eos' (the "
+                          "end token only), 'auto' (newline for the exact reward without rl.chat, whose answers are "
+                          "one line, as fullband bench's jsonl tasks stop; eos else)")
     truncated_reward: float | None = described(0.0, "reward of a rollout that reaches max_new_tokens without "
                                                "ending, whatever its text: an answer must end to count (null: graded "
                                                "by the reward like any other, as TRL does)")
@@ -236,18 +241,41 @@ def lr_multiplier(step: int, cfg: RLConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
 
-def resolve_stop(stop: str, reward: RewardFunction) -> str:
+def resolve_stop(stop: str, reward: RewardFunction, chat: bool = False) -> str:
     """``rl.stop`` with 'auto' decided: 'newline' for the exact reward (it grades the first line, and fullband bench's
-    jsonl tasks stop at a newline), 'eos' for every other reward (code and worked answers span lines)."""
+    jsonl tasks stop at a newline), 'eos' for every other reward (code and worked answers span lines) and for chat
+    prompts (a reply ends at its end of turn, as in fullband chat)."""
     if stop != "auto":
         return stop
-    return "newline" if isinstance(reward, ExactMatchReward) else "eos"
+    return "newline" if isinstance(reward, ExactMatchReward) and not chat else "eos"
 
 
-def end_token_ids(tokenizer: Any, stop: str) -> set[int]:
-    """The tokens that end a rollout: the tokenizer's end token, and with ``stop`` 'newline' every token whose text
-    holds a newline (as fullband bench stops a one-line answer)."""
-    return {tokenizer.eos_id} | (stop_token_ids(tokenizer, ("\n",)) if stop == "newline" else set())
+def end_token_ids(tokenizer: Any, stop: str, chat: bool = False) -> set[int]:
+    """The tokens that end a rollout: the tokenizer's end token, with ``chat`` the chat template's end-of-turn tokens
+    (``end_of_turn_ids``, where fullband chat and the server stop), and with ``stop`` 'newline' every token whose
+    text holds a newline (as fullband bench stops a one-line answer)."""
+    turn = set(end_of_turn_ids(tokenizer)) if chat else set()
+    return {tokenizer.eos_id} | turn | (stop_token_ids(tokenizer, ("\n",)) if stop == "newline" else set())
+
+
+def prompt_ids(tokenizer: Any, text: str, chat: bool = False) -> list[int]:
+    """A record's prompt as token ids, for the rollouts and the held-out evaluation alike: with ``chat`` the chat
+    template applied to it as one user message, opening the assistant's turn (``apply_chat_template``, as fullband
+    chat and the server encode a conversation); else its text after the BOS token (as fullband bench encodes it)."""
+    if chat:
+        return apply_chat_template(tokenizer, [{"role": "user", "content": text}])
+    return encode_prompt(tokenizer, text)
+
+
+def check_chat(tokenizer: Any, model: str) -> None:
+    """Refuse rl.chat, before any rollout, for a tokenizer that cannot format a conversation."""
+    try:
+        apply_chat_template(tokenizer, [{"role": "user", "content": "hi"}])
+        end_of_turn_ids(tokenizer)
+    except DataError as exc:
+        raise ConfigError(f"rl.chat true needs a chat template, and the tokenizer of {model} cannot format a chat: "
+                          f"{exc} Or leave rl.chat false: the prompts are then encoded as plain text, as fullband "
+                          "bench encodes them.") from None
 
 
 def cut_at_end(row: Sequence[int], end_ids: set[int]) -> list[int]:
@@ -286,17 +314,17 @@ def step_seed(seed: int, step: int, purpose: str) -> int:
 
 def greedy_accuracy(model: FullBandLM, tokenizer: Any, records: Sequence[dict[str, str]], reward: RewardFunction,
                     decode: DecodeSettings, max_new_tokens: int, stop: str = "auto", must_end: bool = True,
-                    batch_size: int = 64) -> float:
+                    batch_size: int = 64, chat: bool = False) -> float:
     """The share of ``records`` whose greedy completion (``decode``, at most ``max_new_tokens``, ended as ``stop``
     says: ``rl.stop``) is correct by the reward: the held-out accuracy of ``fullband rl``'s eval.jsonl. With
     ``must_end`` (``rl.truncated_reward`` set) an answer that does not end in the budget is wrong, as for the
-    rollouts' reward."""
-    stop = resolve_stop(stop, reward)
-    end_ids = end_token_ids(tokenizer, stop)
+    rollouts' reward. ``chat``: ``rl.chat`` (the prompts in the chat template, replies ended at the end of turn)."""
+    stop = resolve_stop(stop, reward, chat)
+    end_ids = end_token_ids(tokenizer, stop, chat)
     correct = 0
     for i in range(0, len(records), batch_size):
         chunk = records[i : i + batch_size]
-        prompts = [encode_prompt(tokenizer, r["prompt"]) for r in chunk]
+        prompts = [prompt_ids(tokenizer, r["prompt"], chat) for r in chunk]
         with torch.no_grad():
             rows = generate(model, prompts, max_new_tokens, decode=decode, eos_token_id=tokenizer.eos_id,
                             stop_token_ids=sorted(end_ids))
@@ -388,6 +416,8 @@ class RLTrainer:
         if not isinstance(self.model, FullBandLM):
             raise FullbandError(f"fullband rl trains FullBandLM models (model.arch fbt); {cfg.model} holds a "
                                 f"{type(self.model).__name__}")
+        if cfg.chat:
+            check_chat(self.tokenizer, cfg.model)
         stored = DecodeSettings.of(self.model)
         self.decode = stored.with_label(cfg.decode_mode) if cfg.decode_mode else stored
         self.model.decode_settings = self.decode  # checkpoints decode as the rollouts did
@@ -403,8 +433,8 @@ class RLTrainer:
             state = read_checkpoint(checkpoint)
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["trainer_state"]["step"])
-        self.stop = resolve_stop(cfg.stop, self.reward)
-        self.end_ids = end_token_ids(self.tokenizer, self.stop)
+        self.stop = resolve_stop(cfg.stop, self.reward, cfg.chat)
+        self.end_ids = end_token_ids(self.tokenizer, self.stop, cfg.chat)
         self.draws_per_step = 1 + (cfg.refill_rounds if cfg.dynamic_sampling else 0)
         self.vllm: VLLMRollouts | None = None  # rl.rollout_engine vllm: started by the first step, shut by close()
 
@@ -420,7 +450,7 @@ class RLTrainer:
         return [self.records[i] for i in picks[draw * count : (draw + 1) * count]]
 
     def encode(self, records: Sequence[dict[str, str]]) -> list[list[int]]:
-        prompts = [encode_prompt(self.tokenizer, r["prompt"]) for r in records]
+        prompts = [prompt_ids(self.tokenizer, r["prompt"], self.cfg.chat) for r in records]
         room = self.model.config.max_seq_len - self.cfg.max_new_tokens
         for prompt, record in zip(prompts, records):
             if len(prompt) > room:
@@ -574,7 +604,7 @@ class RLTrainer:
             return None
         return greedy_accuracy(self.model, self.tokenizer, self.val_records, self.reward, self.decode,
                                self.cfg.max_new_tokens, self.stop, self.cfg.truncated_reward is not None,
-                               self.cfg.eval_batch_size)
+                               self.cfg.eval_batch_size, self.cfg.chat)
 
     # ---- the run ----------------------------------------------------------------------------------
 
