@@ -274,24 +274,28 @@ class _OneProcess:
         return x
 
 
-def trl_loss(new, old, ref, mask, advantages, loss_type, beta, clip_low, clip_high):
+def trl_loss(new, old, ref, mask, advantages, loss_type, beta, clip_low, clip_high, is_ratio=None):
     """TRL's own GRPOTrainer._compute_loss on these per-token log-probabilities (its log-probability method replaced
-    by one that returns them)."""
+    by one that returns them); with ``is_ratio``, its vLLM importance-sampling correction by those weights."""
     from trl import GRPOTrainer
 
     trainer = SimpleNamespace(
         top_entropy_quantile=1.0, aux_loss_enabled=False, off_policy_mask_threshold=None,
         importance_sampling_level="token", beta=beta, loss_type=loss_type, epsilon_low=clip_low,
         epsilon_high=clip_high, args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        use_vllm=False, model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
+        use_vllm=is_ratio is not None, vllm_importance_sampling_correction=is_ratio is not None,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1,
         _entropy_bonus_enabled=False, _metrics={"train": defaultdict(list)}, accelerator=_OneProcess(),
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (new, torch.zeros_like(new), None),
     )
     B, L = new.shape
     inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
               "completion_ids": torch.zeros(B, L, dtype=torch.long), "completion_mask": mask.long(),
-              "advantages": advantages, "old_per_token_logps": old, "ref_per_token_logps": ref,
-              "num_items_in_batch": mask.sum()}
+              "advantages": advantages, "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    if ref is not None:
+        inputs["ref_per_token_logps"] = ref
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
     return GRPOTrainer._compute_loss(trainer, None, inputs)
 
 

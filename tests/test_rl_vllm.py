@@ -15,7 +15,6 @@ import inspect
 import json
 import math
 import textwrap
-from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -24,6 +23,7 @@ import pytest
 import test_train
 import torch
 from test_train import steps_of, tiny_config
+from vllm_helpers import in_process_vllm, ragged_prompts
 
 from fullband import FullBandConfig, FullBandLM
 from fullband.data.tokenizers import ByteTokenizer
@@ -36,7 +36,7 @@ from fullband.rl.grpo import IS_CORRECTIONS, importance_weights, pad_rows
 from fullband.rl.trainer import SAMPLING_METRICS, VLLM_EXPORT_DIR, build_rl_config, cut_at_end, run_rl
 from fullband.train import train
 from tests.conftest import make_model
-from tests.test_rl import ByteSumParity, _OneProcess, checkpoint_state, ragged_rows, read_metrics, same_state
+from tests.test_rl import ByteSumParity, checkpoint_state, ragged_rows, read_metrics, same_state, trl_loss
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (EXTRAS=vllm bash scripts/setup.sh, or pip install vllm)")
@@ -50,23 +50,9 @@ parity_data = test_train.parity_data  # the shared prepared dataset (a session f
 
 @pytest.fixture(scope="module")
 def in_process_engines():
-    """Small in-process engines; afterwards torch's threading and transformers' config registry as they were (as
-    tests/test_vllm.py restores them: vLLM's CPU worker replaces torch.set_num_threads and registers the plugin's
-    config class)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    registered = dict(CONFIG_MAPPING._extra_content)
-    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    """vLLM engines in this process, one at a time (tests/vllm_helpers.py)."""
+    with in_process_vllm(_close_engine):
         yield
-        _close_engine()
-    torch.set_num_threads = set_num_threads
-    torch.set_num_threads(threads)
-    CONFIG_MAPPING._extra_content.clear()
-    CONFIG_MAPPING._extra_content.update(registered)
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +70,7 @@ def tiny(tmp_path_factory, parity_data):
 
 @pytest.fixture(scope="module")
 def prompts():
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 259, (n,), generator=g).tolist() for n in LENGTHS]
+    return ragged_prompts(LENGTHS)
 
 
 _ENGINE: dict = {}
@@ -254,27 +239,6 @@ def trl_importance_weights(old, sampling, mask, mode, cap):
     return scope["vllm_importance_sampling_ratio"]
 
 
-def trl_vllm_loss(new, old, mask, advantages, is_ratio, clip_low, clip_high):
-    """TRL's GRPOTrainer._compute_loss (loss type grpo) with the vLLM importance-sampling ratio."""
-    from trl import GRPOTrainer
-
-    trainer = SimpleNamespace(
-        top_entropy_quantile=1.0, aux_loss_enabled=False, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=0.0, loss_type="grpo", epsilon_low=clip_low, epsilon_high=clip_high,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        use_vllm=True, vllm_importance_sampling_correction=True, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, _entropy_bonus_enabled=False,
-        _metrics={"train": defaultdict(list)}, accelerator=_OneProcess(),
-        _get_per_token_logps_and_entropies=lambda *args, **kwargs: (new, torch.zeros_like(new), None),
-    )
-    B, L = new.shape
-    inputs = {"prompt_ids": torch.zeros(B, 1, dtype=torch.long), "prompt_mask": torch.ones(B, 1, dtype=torch.long),
-              "completion_ids": torch.zeros(B, L, dtype=torch.long), "completion_mask": mask.long(),
-              "advantages": advantages, "old_per_token_logps": old, "importance_sampling_ratio": is_ratio,
-              "num_items_in_batch": mask.sum()}
-    return GRPOTrainer._compute_loss(trainer, None, inputs)
-
-
 @pytest.mark.parametrize("mode", IS_CORRECTIONS[1:])
 def test_importance_weights_and_loss_equal_trl(mode):
     """The weights of every correction equal TRL's, and the weighted loss and its gradient TRL's loss with them, in
@@ -300,7 +264,7 @@ def test_importance_weights_and_loss_equal_trl(mode):
     (grad,) = torch.autograd.grad(loss.loss, model.embed.weight)
     rows = rollout_logprobs(model, prompts, completions)
     new, _ = pad_rows(rows)
-    reference = trl_vllm_loss(new, padded_old, mask, advantages, theirs, 0.2, 0.28)
+    reference = trl_loss(new, padded_old, None, mask, advantages, "grpo", 0.0, 0.2, 0.28, is_ratio=theirs)
     (reference_grad,) = torch.autograd.grad(reference, model.embed.weight)
     assert float(loss.loss) == pytest.approx(float(reference), abs=1e-12)
     assert torch.allclose(grad, reference_grad, atol=1e-12, rtol=0)

@@ -38,6 +38,7 @@ import test_train  # noqa: E402
 from serve_helpers import Server, free_port  # noqa: E402
 from test_train import steps_of, tiny_config  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
+from vllm_helpers import in_process_vllm, ragged_prompts  # noqa: E402
 
 from fullband.decoding import DecodeSettings  # noqa: E402
 from fullband.generation import generate  # noqa: E402
@@ -61,24 +62,9 @@ MODES = {
 
 @pytest.fixture(scope="module", autouse=True)
 def in_process_engines():
-    """vLLM in this process, with a small cache; afterwards the process's torch threading as it was (the CPU worker
-    replaces torch.set_num_threads) and transformers' config registry too: vLLM registers the plugin's config class
-    for model_type "fullband", which a later test that loads an export with trust_remote_code in the same worker
-    would otherwise get instead of the export's own."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    registered = dict(CONFIG_MAPPING._extra_content)
-    threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        patch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-        patch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    """vLLM engines in this process, one at a time (tests/vllm_helpers.py)."""
+    with in_process_vllm(_close_engine):
         yield
-        _close_engine()
-    torch.set_num_threads = set_num_threads
-    torch.set_num_threads(threads)
-    CONFIG_MAPPING._extra_content.clear()
-    CONFIG_MAPPING._extra_content.update(registered)
 
 
 parity_data = test_train.parity_data  # the shared prepared dataset (a session fixture)
@@ -100,8 +86,7 @@ def tiny(tmp_path_factory, parity_data):
 
 @pytest.fixture(scope="module")
 def prompts():
-    g = torch.Generator().manual_seed(1)
-    return [torch.randint(3, 259, (n,), generator=g).tolist() for n in LENGTHS]
+    return ragged_prompts(LENGTHS)
 
 
 _ENGINE: dict = {}
