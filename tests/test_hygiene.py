@@ -123,7 +123,7 @@ def test_import_graph_has_no_cycles():
 # Modules that need an optional extra when imported (transformers, fastapi, lm-eval): the only package modules
 # another module may import inside a function, so that fullband runs without the extras.
 NEEDS_AN_EXTRA = {"fullband.hf.configuration_fullband", "fullband.hf.modeling_fullband", "fullband.serve.app",
-                  "fullband.lm_eval", "fullband.vllm.config"}
+                  "fullband.lm_eval", "fullband.vllm.config", "fullband.vllm.rollouts"}
 
 
 def test_package_imports_sit_at_the_top_but_for_optional_extras():
