@@ -32,6 +32,7 @@ def test_mode_result_pairs_ratios_by_repetition():
     result = prefill.mode_result([3.0, 6.6, 2.0], [1.0, 2.0, 1.0], passes=3)
     assert result["ratios"] == pytest.approx([3.0, 3.3, 2.0])
     assert result["ratio"]["median"] == pytest.approx(3.0)
+    assert result["best_ratio"] == pytest.approx(2.0)  # fastest over fastest standard
     assert result["bound"] == pytest.approx(3.3) and result["within_bound"] is True
     assert prefill.mode_result([4.0], [1.0], passes=3)["within_bound"] is False
     assert prefill.mode_result([4.0], [1.0], passes=None)["within_bound"] is None
@@ -46,7 +47,7 @@ def test_table_marks_refused_and_over_bound():
              **prefill.mode_result([2.0], [1.0], passes=8)}]
     text = prefill.table(rows)
     assert "refused by vLLM" in text
-    assert "| 4.000 [4.000–4.000] | 3 | 3.30 | **no** |" in text
+    assert "| 4.000 [4.000–4.000] | 4.000 | 3 | 3.30 | **no** |" in text
     assert "8 (T token steps) | 8.80 | yes |" in text
 
 
