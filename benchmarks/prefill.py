@@ -1,7 +1,7 @@
 """Prefill time per decode mode against its passes × one standard prefill, in fullband's own engine and in vLLM.
 
 A fused:N prefill is one plain pass over the prompt and N fused passes, so it should cost N + 1 standard prefills:
-the goal of issue 63 is fused:N ≤ 1.1 × (N + 1) × standard at every batch and prompt length. Per model, batch size
+the target is fused:N ≤ 1.1 × (N + 1) × standard at every batch and prompt length. Per model, batch size
 and prompt length (a batch of random prompts, all of that length), every mode is timed:
 
 - standard, fused:1, fused:2: bound 1.1 × passes × standard, passes = N + 1 (1 for standard);
