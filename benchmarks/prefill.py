@@ -69,7 +69,7 @@ VLLM_REFUSED = {"fused:auto": "refused by vLLM (its pass count depends on each p
 # name -> config kwargs of a random-weights model; "smollm2" is the converted GGUF.
 MODELS = {"smollm2": None, "d512-L6": DECODE_MODELS["d512-L6"]}
 QUICK_MODELS = {"d128-L2": DECODE_MODELS["d128-L2"]}
-BOUND_SLACK = 1.1  # fused:N within 1.1 × its passes × standard (issue 63)
+BOUND_SLACK = 1.1  # fused:N within 1.1 × its passes × standard
 
 
 # ---- passes and bounds --------------------------------------------------------------------------------------------
