@@ -326,11 +326,18 @@ def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     model_dir, out = ModelDir.open(source, hashes=True), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
-    weights = model_dir.read_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    write_weights(weights, out)
-    model_dir.config.save(out / CONFIG_NAME)
-    model_dir.decode.save(out)
-    if model_dir.tokenizer is not None:
-        shutil.copytree(model_dir.tokenizer, out / "tokenizer")
+    write_model_dir(out, model_dir.read_weights(), model_dir.config, model_dir.decode, model_dir.tokenizer)
     return out
+
+
+def write_model_dir(directory: Path, weights: dict[str, torch.Tensor] | None, config: ModelConfig,
+                    decode: DecodeSettings, tokenizer: Path | None) -> None:
+    """A model directory: the weights (None: a DCP checkpoint's, in its shards), config.json, the decode settings
+    and a copy of the tokenizer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if weights is not None:
+        write_weights(weights, directory)
+    config.save(directory / CONFIG_NAME)
+    decode.save(directory)
+    if tokenizer is not None:
+        shutil.copytree(tokenizer, directory / "tokenizer")
