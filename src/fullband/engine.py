@@ -198,10 +198,8 @@ class Engine:
         self._forward(tokens)
 
     def _admit(self) -> None:
-        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
-        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
-        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call.
-        Cancelled ones leave the queue."""
+        """Prefill the waiting sequences that fit in the batch and let them join it: those that need the same
+        prefill together, left-padded, up to ``prefill_tokens`` padded positions per call."""
         if not self._waiting:  # the common step: nothing queued, no lock taken
             return
         with self._cond:
@@ -272,9 +270,8 @@ class Engine:
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _ensure_room(self) -> None:
-        """Before a decode step: one free column at the write position. When the cache is full, drop the
-        columns that are padding for every row; grow when that leaves less than half the cache free, so a
-        compaction (a copy of the cache) happens at most once per as many steps as the cache holds rows."""
+        """Before a decode step: one free column at the write position. A full cache drops the columns that are
+        padding for every row, and grows when that leaves less than half of it free."""
         cache = self._cache
         if not isinstance(cache, KVCache) or cache.length < cache.max_len:  # a recurrent state never fills
             return

@@ -52,12 +52,8 @@ def evaluate(
     sequential: bool = False,
     autocast: torch.autocast | None = None,
 ) -> EvalResult:
-    """Teacher-forced validation over ``batches`` (an iterable of data ``Batch`` objects).
-
-    standard = one plain pass; fused(n) = the loss after n extra fused passes over the whole sequence
-    (the model is evaluated with every position fused, document starts plain); sequential = the exact
-    token-by-token recurrence, what soft decoding computes (one forward call per position).
-    """
+    """Teacher-forced validation over ``batches``: standard (one plain pass), fused(n) (after n extra fused passes
+    over the whole sequence) and sequential (the exact recurrence, what soft decoding computes)."""
     # A model without feedback (a recurrent baseline) has one pass and no recurrence: its standard loss is all it has.
     passes = fused_passes + 1 if model.has_feedback else 1
     sequential = sequential and model.has_feedback

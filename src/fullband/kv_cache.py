@@ -1,9 +1,6 @@
-"""The KV cache of cached decoding: every layer's keys and values for a batch, preallocated and written in place.
-
-All rows share one write position, ``length`` (prompts left-padded, joining rows right-aligned at it); a boolean key
-mask marks each row's real columns. Every change goes through the methods here, so the mask, the padding flag and the
-write position cannot fall out of step. It imports nothing of the package: the Hugging Face export ships it beside
-``model.py``."""
+"""The KV cache of cached decoding: every layer's keys and values for a batch, preallocated and written in place. All
+rows share one write position (prompts left-padded, joining rows right-aligned at it); a key mask marks each row's
+real columns. It imports nothing of the package: the Hugging Face export ships it beside ``model.py``."""
 
 from __future__ import annotations
 
@@ -136,11 +133,9 @@ class KVCache:
         self._key_mask = self._key_mask.index_select(0, index)
 
     def join(self, other: KVCache, max_len: int | None = None) -> None:
-        """Append ``other``'s rows (e.g. freshly prefilled prompts), right-aligned: its written columns end at
-        this cache's write position, and the columns before them are padding for those rows. When ``other``
-        is longer, every row already here moves right (padding on its left) to make room, and the write
-        position moves with it. ``max_len``: the capacity afterwards (default: the current one, or the new
-        length if that is more)."""
+        """Append ``other``'s rows (freshly prefilled prompts), right-aligned at the write position, padding before
+        them; a longer ``other`` moves the rows already here right. ``max_len``: the capacity afterwards (default:
+        the current one, or the new length if that is more)."""
         if self._layout() != other._layout():
             raise ValueError(f"cannot join a KV cache of layout {other._layout()} (layers, kv heads, head_dim) "
                              f"to one of layout {self._layout()}")

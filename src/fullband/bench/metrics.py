@@ -47,12 +47,8 @@ def summarize(
     n_resamples: int = 1000,
     seed: int = 0,
 ) -> dict:
-    """Metrics of one task x mode x temperature cell from per-problem lists of sample scores (1.0 =
-    correct) and generated lengths in tokens.
-
-    accuracy is the mean score over all samples (= pass@1); pass@k is the mean over problems of the
-    unbiased estimator, for each k not above the number of samples per problem. Every number comes with a
-    95% bootstrap interval over problems."""
+    """Metrics of one task x mode x temperature cell from per-problem sample scores (1.0 = correct) and generated
+    lengths: accuracy (pass@1) and the unbiased pass@k, each with a 95% bootstrap interval over problems."""
     out: dict = {"problems": len(scores), "samples": sum(len(s) for s in scores)}
     out["accuracy"] = float(np.mean(np.concatenate([np.asarray(s, float) for s in scores])))
     out["accuracy_ci"] = bootstrap_ci(scores, np.mean, n_resamples, seed)

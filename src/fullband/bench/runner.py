@@ -115,11 +115,9 @@ def generate_batch(
     sampling: SamplingParams,
     decode: DecodeSettings,
 ) -> tuple[list[list[int]], list[int], list[bool | None]]:
-    """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap).
-
-    Returns each row's generated token ids (EOS excluded, stop string included), the fused prefill
-    passes each row ran (0 outside fused mode) and, in fused:auto mode, whether its prefill converged
-    (met fused_tol before fused_max_passes; None in the other modes)."""
+    """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap). Per row: the
+    generated ids (EOS excluded, stop string included), its fused prefill passes and (fused:auto) whether its
+    prefill converged."""
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
     stream = generate_stream(model, prompts, max_new_tokens, sampling=sampling, decode=decode, eos_token_id=eos,

@@ -47,11 +47,8 @@ def export_hf(
     fused_tol: float | None = None,
     fused_max_passes: int | None = None,
 ) -> Path:
-    """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the
-    fullband model of ``source`` (a run directory, checkpoint or model directory): an HF config
-    (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the tokenizer files of
-    the model's ``tokenizer/``. The model's stored decode settings, with the fields given here replaced, become
-    the defaults of ``generate()``."""
+    """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the model of
+    ``source``; its stored decode settings, with the fields given here replaced, become ``generate()``'s defaults."""
     from transformers import GenerationConfig
 
     from fullband.hf.configuration_fullband import FullBandHFConfig
