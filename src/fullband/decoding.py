@@ -63,8 +63,6 @@ class DecodeSettings:
         if self.mode not in MODES:
             raise DecodeSettingsError(f"unknown decode_mode {self.mode!r}; choose one of {', '.join(MODES)}")
 
-    # ---- building ---------------------------------------------------------------------------------
-
     def with_overrides(self, **overrides: Any) -> DecodeSettings:
         """These settings with the given fields replaced; a None value keeps the field. The names are those
         of the dataclass; ``decode_mode`` is accepted for ``mode`` (the API and lm-eval spelling). Fused passes
@@ -100,8 +98,6 @@ class DecodeSettings:
             return cls("fused", EXACT, DEFAULT_FUSED_TOL, max_seq_len)
         return cls("soft") if schedule.max_passes > 1 else cls("standard")
 
-    # ---- reading --------------------------------------------------------------------------------------
-
     @property
     def label(self) -> str:
         """standard, soft, fused:N, fused:auto or fused:exact."""
@@ -129,8 +125,6 @@ class DecodeSettings:
         if self.fused_passes != AUTO and self.fused_passes > limit:
             raise DecodeSettingsError(f"fused_passes must be at most {limit} here (or 'auto'), "
                                       f"got {self.fused_passes}")
-
-    # ---- storage ----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form; ``decode_mode`` as in Hugging Face configs and the API."""

@@ -119,8 +119,6 @@ class Engine:
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0,
                          "peak_batch": 0}
 
-    # ---- interface (any thread) -----------------------------------------------------------------
-
     def submit(self, sequences: list[Sequence], limits: RequestLimits | None = NO_LIMITS) -> None:
         """Queue sequences (all or none); raise RequestError (``fullband.sampling``, naming the parameter) for one
         that cannot be served within the door's ``limits`` (None: the door has checked them), QueueFull when there
@@ -165,8 +163,6 @@ class Engine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-
-    # ---- the scheduler --------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:

@@ -39,8 +39,6 @@ class KVCache:
         self._has_padding = False  # whether any column before the write position is masked for some row
         self._length = 0  # positions written so far (advanced after a forward's last layer)
 
-    # ---- reading ----------------------------------------------------------------------------------
-
     @property
     def length(self) -> int:
         """The write position: columns ``[0, length)`` are written, for every row."""
@@ -80,8 +78,6 @@ class KVCache:
         """The (B, end) mask of the keys that queries writing up to column ``end`` attend to, or None when no
         written column is padding (attention then needs no mask)."""
         return self._key_mask[:, :end] if self._has_padding else None
-
-    # ---- the forward pass -------------------------------------------------------------------------
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one layer's new keys and values (B, kv_heads, T, head_dim) at the write position and return
@@ -123,8 +119,6 @@ class KVCache:
         self._key_mask[:, length : self._length] = True
         self._length = length
 
-    # ---- changing the batch -----------------------------------------------------------------------
-
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep (or reorder, or repeat) batch rows by index, e.g. to drop finished sequences or for beam search."""
         index = index.to(self.device)
@@ -165,8 +159,6 @@ class KVCache:
 
     def _layout(self) -> tuple[int, int, int]:
         return len(self._k), self._k[0].shape[1], self._k[0].shape[3]
-
-    # ---- changing the capacity --------------------------------------------------------------------
 
     def grow(self, max_len: int) -> None:
         """Make room for ``max_len`` positions in all (the written ones are kept)."""

@@ -65,9 +65,6 @@ def encode_record(tokenizer: Tokenizer, record: dict) -> tuple[list[int], list[b
     return ids, [False] * (1 + len(prompt)) + [True] * (len(answer) + 1)
 
 
-# ---- built-in template ---------------------------------------------------------------------------
-
-
 def _require_chat_tokens(tokenizer: Tokenizer) -> None:
     if not tokenizer.has_chat_tokens:
         raise DataError(
@@ -95,9 +92,6 @@ def _builtin_ids(
         ids += head
         mask += [False] * len(head)
     return ids, mask
-
-
-# ---- a tokenizer's own (Jinja) template ------------------------------------------------------------
 
 
 @lru_cache(maxsize=8)

@@ -71,8 +71,6 @@ class FullBandCache(Cache):
             f"length={self.get_seq_length()}, batch_size={self.batch_size})"
         )
 
-    # ---- what transformers asks of a cache ----------------------------------------------------------
-
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.kv is None else self.kv.length
 
@@ -140,8 +138,6 @@ class FullBandCache(Cache):
         if self.next_position is not None:
             self.next_position = self.next_position - (length - self.kv.length)
 
-    # ---- storage --------------------------------------------------------------------------------------
-
     def ensure_capacity(self, model: FullBandLM, batch_size: int, needed: int) -> KVCache:
         kv = self.kv
         if kv is not None and kv.batch_size != batch_size:
@@ -189,8 +185,6 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> nn.Module | None:
         return self.model.lm_head  # None when tied: FullBandLM reuses the embedding matrix itself
-
-    # ---- forward ------------------------------------------------------------------------------------
 
     def forward(
         self,
@@ -296,8 +290,6 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         cache.state = hidden[:, -1:]
         cache.next_position = position_ids[:, -1:] + 1
         return logits, hidden
-
-    # ---- generation -----------------------------------------------------------------------------------
 
     def generate(
         self,

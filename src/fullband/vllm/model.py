@@ -239,8 +239,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
                                           0 if passes == EXACT else passes,
                                           maybe_prefix(prefix, f"model.layers.{self.config.n_layers}.feedback_state"))
 
-    # ---- the per-request state, for vLLM's allocator ------------------------------------------------------
-
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, int]]:
         return ((1, vllm_config.model_config.hf_config.hidden_size),)
@@ -252,8 +250,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
     @classmethod
     def get_mamba_state_copy_func(cls):
         return (get_conv_copy_spec,)
-
-    # ---- the forward ----------------------------------------------------------------------------------------
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed(input_ids)
@@ -267,8 +263,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
-
-    # ---- weights: the export's names ------------------------------------------------------------------------
 
     _STACKED = (  # (export name part, vLLM parameter part, shard)
         (".attn.q_proj.", ".attn.qkv_proj.", "q"),
