@@ -44,11 +44,9 @@ class DecodeSettingsError(_ErrorBase):
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt,
-    an integer >= 1, "auto" (per row, until the prompt's top states change by at most ``fused_tol``
-    (relative) in a pass, or ``fused_max_passes`` passes ran) or "exact" (the fixed point those passes reach
-    at ``fused_tol`` 0, computed token by token through the cache at the cost of one pass).
-    ``fused_max_passes`` is also the most Jacobi passes a server lets one request ask for."""
+    """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt, an
+    integer >= 1, "auto" (per row, until the top states change by at most ``fused_tol``, at most
+    ``fused_max_passes``) or "exact" (the fixed point, token by token; docs/method.md §6)."""
 
     mode: str = "standard"
     fused_passes: int | Literal["auto", "exact"] = 1

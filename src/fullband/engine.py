@@ -26,11 +26,8 @@ from fullband.sampling import (
 )
 
 
-def left_pad(
-    input_ids: torch.Tensor | abc.Sequence[abc.Sequence[int]],
-    attention_mask: torch.Tensor | None = None,
-    pad_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(input_ids: torch.Tensor | abc.Sequence[abc.Sequence[int]], attention_mask: torch.Tensor | None = None,
+             pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask: a 1-D or 2-D tensor (with an
     optional attention mask, padded on either side) or token-id lists of any lengths."""
     device = None

@@ -35,13 +35,8 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(
-    model: LanguageModel,
-    batches: Iterable[Batch],
-    fused_passes: int = 3,
-    sequential: bool = False,
-    autocast: torch.autocast | None = None,
-) -> EvalResult:
+def evaluate(model: LanguageModel, batches: Iterable[Batch], fused_passes: int = 3, sequential: bool = False,
+             autocast: torch.autocast | None = None) -> EvalResult:
     """Teacher-forced validation over ``batches``: standard (one plain pass), fused(n) (after n extra fused passes
     over the whole sequence) and sequential (the exact recurrence, what soft decoding computes)."""
     # A model without feedback (a recurrent baseline) has one pass and no recurrence: its standard loss is all it has.

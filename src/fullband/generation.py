@@ -42,12 +42,8 @@ SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 def request(
-    model: LanguageModel,
-    max_new_tokens: int | None = None,
-    sampling: SamplingParams | None = None,
-    decode: DecodeSettings | None = None,
-    eos_token_id: int | None = None,
-    **fields: Any,
+    model: LanguageModel, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
+    decode: DecodeSettings | None = None, eos_token_id: int | None = None, **fields: Any
 ) -> tuple[SamplingParams, DecodeSettings]:
     """A call's request, folded once: ``sampling`` (default: greedy) and ``decode`` (``decode_settings``) with the
     fields given as keywords replaced, ``eos_token_id`` added to the stop tokens; any other keyword is refused."""
@@ -76,16 +72,10 @@ def run_engine(model: LanguageModel, sequences: list[EngineSequence]) -> Iterato
 
 @torch.no_grad()
 def generate_stream(
-    model: LanguageModel,
-    input_ids: torch.Tensor | Sequence[Sequence[int]],
-    max_new_tokens: int | None = None,
-    *,
-    sampling: SamplingParams | None = None,
-    decode: DecodeSettings | None = None,
-    attention_mask: torch.Tensor | None = None,
-    eos_token_id: int | None = None,
-    stats: dict[str, Any] | None = None,
-    **fields: Any,
+    model: LanguageModel, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int | None = None, *,
+    sampling: SamplingParams | None = None, decode: DecodeSettings | None = None,
+    attention_mask: torch.Tensor | None = None, eos_token_id: int | None = None, stats: dict[str, Any] | None = None,
+    **fields: Any
 ) -> Iterator[torch.Tensor]:
     """Yield a (B,) tensor of new token ids per step, for the request ``request`` folds. Row i samples with seed
     ``seed + i``; a finished row keeps yielding the token it finished with. ``stats`` receives, once the prefill is
@@ -112,12 +102,8 @@ def generate_stream(
         yield torch.tensor(tokens, device=model.device)
 
 
-def generate(
-    model: LanguageModel,
-    input_ids: torch.Tensor | Sequence[Sequence[int]],
-    max_new_tokens: int | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
+def generate(model: LanguageModel, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int | None = None,
+             **kwargs: Any) -> torch.Tensor:
     """The new tokens of ``generate_stream`` (the same arguments) as a (B, N) tensor, N <= max_new_tokens."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
@@ -131,12 +117,8 @@ SCORINGS = ("decode", "prefill")
 
 @torch.no_grad()
 def score_continuations(
-    model: LanguageModel,
-    contexts: Sequence[Sequence[int]],
-    continuations: Sequence[Sequence[int]],
-    decode: DecodeSettings | None = None,
-    scoring: str = "decode",
-    **decode_fields: Any,
+    model: LanguageModel, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+    decode: DecodeSettings | None = None, scoring: str = "decode", **decode_fields: Any
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Teacher-forced log-probabilities of each continuation given its context, batched, with the decode settings
     of ``decode_settings``. ``scoring="decode"``: what ``generate`` assigns, the context prefilled as a prompt and
@@ -199,12 +181,8 @@ def _token_scores(
 
 
 @torch.no_grad()
-def sequential_forward(
-    model: FullBandLM,
-    input_ids: torch.Tensor,
-    plain_mask: torch.Tensor | None = None,
-    segment_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sequential_forward(model: FullBandLM, input_ids: torch.Tensor, plain_mask: torch.Tensor | None = None,
+                       segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, hidden) of the exact recurrence over a given sequence (``FullBandLM.recurrence``)."""
     out = model.recurrence(input_ids, plain_mask, segment_ids=segment_ids)
     return out.logits, out.hidden

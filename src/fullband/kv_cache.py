@@ -23,14 +23,8 @@ class CacheLayout(Protocol):
 class KVCache:
     """Keys and values of every layer for ``batch_size`` rows, preallocated to ``max_len`` positions."""
 
-    def __init__(
-        self,
-        config: CacheLayout,
-        batch_size: int,
-        max_len: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
+    def __init__(self, config: CacheLayout, batch_size: int, max_len: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
         heads = config.n_kv_heads if config.n_kv_heads is not None else config.n_heads
         shape = (batch_size, heads, max_len, config.resolved_head_dim)
         self._k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]

@@ -44,20 +44,10 @@ def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
 class FullbandLM(TemplateLM):
     """A fullband model (run, checkpoint or model directory) for lm-evaluation-harness."""
 
-    def __init__(
-        self,
-        pretrained: str,
-        decode_mode: str | None = None,
-        fused_passes: int | str | None = None,
-        fused_tol: float | None = None,
-        fused_max_passes: int | None = None,
-        scoring: str = "decode",
-        batch_size: int | str = 8,
-        max_batch_size: int | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        max_length: int | None = None,
-    ) -> None:
+    def __init__(self, pretrained: str, decode_mode: str | None = None, fused_passes: int | str | None = None,
+                 fused_tol: float | None = None, fused_max_passes: int | None = None, scoring: str = "decode",
+                 batch_size: int | str = 8, max_batch_size: int | None = None, device: str | None = None,
+                 dtype: str | None = None, max_length: int | None = None) -> None:
         super().__init__()
         _check_choice("scoring", scoring, SCORINGS)
         if dtype is not None:

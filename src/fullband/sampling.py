@@ -73,12 +73,8 @@ class SamplingParams:
         return self.top_k if self.top_k is not None and self.top_k >= 1 else None
 
 
-def check_request(
-    config: Any,
-    prompts: torch.Tensor | Sequence[Sequence[int]],
-    params: SamplingParams,
-    limits: RequestLimits = RequestLimits(),
-) -> LogitsAdjustments:
+def check_request(config: Any, prompts: torch.Tensor | Sequence[Sequence[int]], params: SamplingParams,
+                  limits: RequestLimits = RequestLimits()) -> LogitsAdjustments:
     """Raise ``RequestError`` naming the first parameter of ``params`` that a model of ``config`` (its ``vocab_size``
     and ``max_seq_len``) cannot serve within a door's ``limits``; return the request's checked logits adjustments.
     ``prompts``: token-id rows, or a (T,) or (B, T) tensor of rows padded with valid ids."""
@@ -150,16 +146,9 @@ class LogitsAdjustments:
     min_tokens: int = 0
 
     @classmethod
-    def of(
-        cls,
-        vocab_size: int,
-        max_tokens: int | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repetition_penalty: float = 1.0,
-        min_tokens: int = 0,
-    ) -> LogitsAdjustments:
+    def of(cls, vocab_size: int, max_tokens: int | None = None, logit_bias: Mapping[int | str, float] | None = None,
+           presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+           min_tokens: int = 0) -> LogitsAdjustments:
         """The fields, checked: RequestError naming the field and its allowed range when one is out of it.
         ``logit_bias`` keys may be ints or the strings of ints (JSON object keys); ``max_tokens`` bounds min_tokens."""
         for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
@@ -212,14 +201,8 @@ class BatchAdjuster:
     following rows that leave and join (``select``, ``extend``). While some row has a penalty, each row keeps its
     tokens so far and the counts of its generated ones, so the penalties touch only those L logits, not all V."""
 
-    def __init__(
-        self,
-        rows: Sequence[LogitsAdjustments],
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        end_ids: Sequence[Iterable[int]],
-        vocab_size: int,
-    ):
+    def __init__(self, rows: Sequence[LogitsAdjustments], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 end_ids: Sequence[Iterable[int]], vocab_size: int):
         """``prompt_ids``, ``prompt_mask``: (B, T), padded on either side; ``end_ids``: per row, masked until
         ``min_tokens``."""
         if not len(rows) == len(prompt_ids) == len(end_ids):

@@ -95,9 +95,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path, hashes: bool = True) -> None:
-    """Raise CheckpointError unless every file in the manifest is present with its size and (``hashes``) its
-    sha256. Without hashes the check reads no file's contents: what loading a model for inference needs, where
-    hashing a large run's optimizer state would cost seconds before the first token (``fullband verify`` hashes)."""
+    """Raise CheckpointError unless every file in the manifest is present with its size and (``hashes``) its sha256;
+    without hashes no file is read, as loading a model for inference wants."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
@@ -162,8 +161,7 @@ def verify(path: str | os.PathLike) -> list[Path]:
 
 
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file. safetensors checks the header against the file's size before it reads a
-    tensor; a truncated or damaged file is refused with its name and safetensors' reason."""
+    """The tensors of a safetensors file; a truncated or damaged one is refused with its name and the reason."""
     try:
         return load_file(str(file))
     except SafetensorError as exc:
@@ -172,8 +170,7 @@ def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def single_process_dcp() -> Iterator[None]:
-    """DCP warns at every save or load without a process group that it assumes a single process: here that
-    is the intent (a one-process run, a front door consolidating a checkpoint), so the warning is noise."""
+    """Without DCP's warning that it assumes a single process, which is the intent here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
@@ -214,10 +211,9 @@ def read_json(path: Path) -> Any:
 
 @dataclass(frozen=True)
 class ModelDir:
-    """A model on disk, opened once from whatever path a user gives: a run directory (its newest valid checkpoint),
-    a checkpoint or ``best/`` (checked against its manifest: sizes, and with ``hashes`` sha256), a model directory,
-    a DCP checkpoint's ``model/`` or an ``export-hf`` directory. It holds what every door needs before the
-    weights; ``read_weights`` and ``load`` read them, once."""
+    """A model on disk, opened once from whatever path a user gives (a run directory, checkpoint, ``best/``, model
+    directory, DCP checkpoint or ``export-hf`` directory): what every door needs before the weights, which
+    ``read_weights`` and ``load`` read."""
 
     path: Path  # the directory holding config.json
     config: ModelConfig

@@ -300,12 +300,8 @@ def copy_tokenizer_files(src: Path, dst: Path) -> None:
         shutil.copyfile(src / name, dst / name)
 
 
-def convert_from_hf(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    dtype: torch.dtype | str | None = None,
-    gguf_file: str | None = None,
-) -> Path:
+def convert_from_hf(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype | str | None = None,
+                    gguf_file: str | None = None) -> Path:
     """Convert the local Hugging Face directory ``src`` (Llama, Qwen2, Qwen3 or Mistral) into the fullband model
     directory ``dst``, ready for ``fullband train --init-from``; ``gguf_file``: a GGUF file inside ``src`` instead
     (dequantized by transformers). ``dtype``: the weights' (default float32)."""

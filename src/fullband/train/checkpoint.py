@@ -49,18 +49,9 @@ from fullband.storage import (
 FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def write_checkpoint(
-    run_dir: Path,
-    step: int,
-    model_state: dict[str, torch.Tensor] | None,
-    model_config: Any,
-    decode: DecodeSettings,
-    tokenizer_dir: Path | None,
-    optimizer_state: Any,
-    trainer_state: dict[str, Any],
-    keep: int,
-    shards: dict[str, Any] | None = None,
-) -> Path:
+def write_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tensor] | None, model_config: Any,
+                     decode: DecodeSettings, tokenizer_dir: Path | None, optimizer_state: Any,
+                     trainer_state: dict[str, Any], keep: int, shards: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones. With ``shards`` (this rank's
     {"model": ..., "optimizer": ...}) it is a DCP checkpoint: every rank writes and hashes its own shards, rank 0
     seals the directory."""

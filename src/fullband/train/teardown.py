@@ -21,9 +21,8 @@ def prepare_process_group() -> None:
 
 
 def destroy_process_groups() -> None:
-    """Release torch's cached references to device meshes, collect reference cycles (DDP and FSDP
-    objects), then destroy every process group. With no reference left, each group's destructor joins
-    its worker threads now rather than during interpreter shutdown."""
+    """Release torch's cached references to device meshes, collect reference cycles, then destroy every process
+    group, so that each group's destructor joins its worker threads now."""
     _clear_dtensor_caches()
     gc.collect()
     _release_mesh_groups()

@@ -84,14 +84,8 @@ def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
 
 
 class Trainer:
-    def __init__(
-        self,
-        config: RunConfig,
-        out_dir: str | os.PathLike,
-        data_dir: str | os.PathLike | None = None,
-        resume: bool = False,
-        init_from: str | os.PathLike | ModelDir | None = None,
-    ):
+    def __init__(self, config: RunConfig, out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None,
+                 resume: bool = False, init_from: str | os.PathLike | ModelDir | None = None):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.data_dir = Path(data_dir) if data_dir else self.out_dir / "data"
@@ -532,12 +526,7 @@ class Trainer:
         return tqdm(total=total_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
 
 
-def train(
-    config: RunConfig,
-    out_dir: str | os.PathLike,
-    data_dir: str | os.PathLike | None = None,
-    resume: bool = False,
-    init_from: str | os.PathLike | ModelDir | None = None,
-) -> TrainResult:
+def train(config: RunConfig, out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None,
+          resume: bool = False, init_from: str | os.PathLike | ModelDir | None = None) -> TrainResult:
     """Train (or resume, or mid-train from ``init_from``) and return a summary."""
     return Trainer(config, out_dir, data_dir, resume, init_from).run()

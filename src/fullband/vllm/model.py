@@ -1,7 +1,6 @@
 """A fullband transformer as a vLLM model: vLLM's attention, paged KV cache, weight loading and sampler around
-fullband's own fusion, RMSNorm and RoPE, so the exported weights load under their own names. In soft and fused modes
-the top state a generated token is fused with rides in a per-request state slot (``FeedbackState``, a Mamba-style
-layer vLLM allocates and frees with the request); the decode modes are described in docs/serving.md."""
+fullband's own fusion, RMSNorm and RoPE. In soft and fused modes the top state a token is fused with rides in a
+per-request state slot (``FeedbackState``, a Mamba-style layer vLLM allocates and frees with the request)."""
 
 from __future__ import annotations
 
@@ -140,9 +139,8 @@ class FullBandModel(nn.Module):
 
 
 class FeedbackState(MambaBase):
-    """The top state each request carries to its next token, in a state slot vLLM manages like a Mamba layer's
-    (allocated when the request is scheduled, freed when it finishes, is aborted or preempted). ``run`` applies
-    the decode mode's rules around the stack."""
+    """The top state each request carries to its next token, in a state slot vLLM manages like a Mamba layer's;
+    ``run`` applies the decode mode's rules around the stack."""
 
     def __init__(self, d_model: int, dtype: torch.dtype, fused_passes: int, prefix: str):
         super().__init__()
