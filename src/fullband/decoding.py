@@ -89,9 +89,8 @@ class DecodeSettings:
 
     @classmethod
     def trained_with(cls, schedule: TrainingSchedule, max_seq_len: int) -> DecodeSettings:
-        """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: the exact recurrence
-        (fused:exact; fused:auto may run up to the context), Jacobi passes (soft), or one pass only (standard: the
-        fusion was never trained)."""
+        """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: fused:exact after the exact
+        recurrence, soft after Jacobi passes, standard where the fusion was never trained."""
         if schedule.exact:
             return cls("fused", EXACT, DEFAULT_FUSED_TOL, max_seq_len)
         return cls("soft") if schedule.max_passes > 1 else cls("standard")

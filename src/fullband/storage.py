@@ -37,9 +37,7 @@ MODEL_KEY = "model"  # the model's entry in a DCP checkpoint's state dict ({"mod
 
 @dataclass(frozen=True)
 class RunDir:
-    """A training run's directory, the one place its layout is spelled out: ``config.yaml`` (the run's config),
-    ``checkpoints/step_N/`` (each with ``model/``), ``best/`` (``train.keep_best``'s model), ``tokenizer/`` and the
-    prepared ``data/``."""
+    """A training run's directory, the one place its layout is spelled out (docs/checkpoints.md)."""
 
     path: Path
     CONFIG: ClassVar[str] = "config.yaml"

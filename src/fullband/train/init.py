@@ -1,6 +1,5 @@
-"""Starting a run from another model's weights (``--init-from``): the model's config (the source's, with this run's
-feedback fields where the fusion starts fresh), what happens to the fusion weights, and a vocabulary that the
-fine-tuning tokenizer extends (fullband's chat tokens)."""
+"""Starting a run from another model's weights (``--init-from``): its config, its fusion weights kept or fresh, and
+a vocabulary that the fine-tuning tokenizer extends (fullband's chat tokens)."""
 
 from __future__ import annotations
 
