@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fullband import storage
 from fullband.cli import build_parser, main
 
 TINY = {
@@ -241,3 +243,48 @@ def test_a_user_error_is_one_paragraph_and_a_bug_keeps_its_traceback(monkeypatch
 
 def _raise(error: Exception):
     raise error
+
+
+
+
+# ---- opening a model ------------------------------------------------------------------------------
+
+# Audit hooks cannot be removed: the hook records only while a test has put a list here.
+OPENED: list[list[Path]] = []
+
+
+def _record_open(event: str, args: tuple) -> None:
+    if OPENED and event == "open" and isinstance(args[0], str | Path):
+        OPENED[-1].append(Path(args[0]).resolve())
+
+
+def test_generate_opens_each_file_of_the_run_once(trained, capsys, monkeypatch):
+    """``fullband generate RUN`` enters storage once (one ``ModelDir.open``) and opens every file of the run at
+    most once. safetensors opens the weights in Rust, unseen by the audit hook: its reads are counted apart."""
+    entered, weight_reads = [], []
+    open_model_dir, load_file = storage.ModelDir.open.__func__, storage.load_file
+
+    def counted_open(cls, path, *args, **kwargs):
+        entered.append(path)
+        return open_model_dir(cls, path, *args, **kwargs)
+
+    def counted_load_file(file):
+        weight_reads.append(file)
+        return load_file(file)
+
+    monkeypatch.setattr(storage.ModelDir, "open", classmethod(counted_open))
+    monkeypatch.setattr(storage, "load_file", counted_load_file)
+    sys.addaudithook(_record_open)
+    run_dir = trained["run"].resolve()
+    OPENED.append([])
+    try:
+        code, _, err = run(["generate", run_dir, "--prompt", "the cat", "--max-new-tokens", 4, "--device", "cpu"],
+                           capsys)
+    finally:
+        opened = [path for path in OPENED.pop() if path.is_relative_to(run_dir)]
+    assert code == 0, err
+    assert entered == [str(run_dir)]
+    model = storage.list_checkpoints(run_dir)[-1] / "model"
+    assert weight_reads == [str(model / "model.safetensors")]
+    assert sorted(opened) == sorted({model.parent / "manifest.json", model / "config.json",
+                                     model / "generation_config.json", model / "tokenizer" / "fullband_tokenizer.json"})

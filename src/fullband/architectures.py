@@ -1,8 +1,6 @@
-"""The registry of model kinds (``model.arch``): which config and class a run's model section or a model
-directory's config.json names. The full-bandwidth transformer is ``fbt`` (``fullband.model``); the recurrent
-baselines register from ``fullband.baselines``. Everything that builds or loads a model by its config goes
-through here, so a baseline's checkpoint loads as what it is at every door, and a door built on the
-transformer's KV cache or feedback refuses the others by name (``refuse_arch``)."""
+"""The registry of model kinds (``model.arch``): the full-bandwidth transformer ``fbt`` and the recurrent baselines.
+Everything that builds or loads a model by its config goes through here, so a baseline loads as what it is at every
+door, and a door built on the transformer's KV cache or feedback refuses the others by name (``refuse_arch``)."""
 
 from __future__ import annotations
 

@@ -52,9 +52,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     return load_config(preset_path(args.config) if args.config else None, overrides)
 
 
-# ---- subcommands --------------------------------------------------------------------------------
-
-
 def cmd_prepare(args: argparse.Namespace) -> None:
     config = config_from_args(args)
     # Progress of a long prepare (work units tokenized or kept on resume, splits written) on stderr.

@@ -1,7 +1,5 @@
-"""Command-line options shared by several commands, so that their modules do not import the ``fullband`` command
-itself: those derived from the config dataclasses (``--section.field VALUE``: ``fullband prepare``, ``train``,
-``sft``, ``rl``), the held-out data, decode and sampling options, and the streamed answer of ``generate`` and
-``chat``."""
+"""Command-line options shared by several commands (config, data, device, decode and sampling options, and the streamed
+answer), so that their modules do not import the ``fullband`` command itself."""
 
 from __future__ import annotations
 
@@ -38,9 +36,8 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
 
 def add_field_options(group: argparse._ArgumentGroup, section: str, classes: Iterable[type],
                       defaults: dict[str, Any] | None = None) -> None:
-    """``--section.field VALUE`` for the fields of the config dataclasses ``classes`` (the first's where several
-    share a name), with their help and defaults (``defaults`` replacing some). The value is a string, checked and
-    converted when the config is built (``fullband.config.coerce``)."""
+    """``--section.field VALUE`` for the fields of the config dataclasses ``classes``, with their help and defaults
+    (``defaults`` replacing some); the value is checked when the config is built (``fullband.config.coerce``)."""
     seen = set()
     for cls in classes:
         hints = typing.get_type_hints(cls)
@@ -84,9 +81,8 @@ def model_dtype(args: argparse.Namespace) -> torch.dtype | None:
 
 
 def add_decode_options(parser: argparse.ArgumentParser, what: str = "generation") -> None:
-    """--decode-mode, --fused-passes, --fused-tol and --fused-max-passes: each replaces one field of the
-    decode settings stored with the model (``fullband.decoding``), which is what an option left out keeps.
-    The values are checked by ``DecodeSettings``, so every command reports a bad one in the same words."""
+    """--decode-mode, --fused-passes, --fused-tol and --fused-max-passes: each replaces one field of the decode
+    settings stored with the model."""
     group = parser.add_argument_group(
         "decode settings", f"{what} decodes with the settings stored with the model (from how it was trained: "
         "standard for a model whose fusion was never trained, soft for the paper's schedule, fused:exact for the "

@@ -44,11 +44,9 @@ class DecodeSettingsError(_ErrorBase):
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt,
-    an integer >= 1, "auto" (per row, until the prompt's top states change by at most ``fused_tol``
-    (relative) in a pass, or ``fused_max_passes`` passes ran) or "exact" (the fixed point those passes reach
-    at ``fused_tol`` 0, computed token by token through the cache at the cost of one pass).
-    ``fused_max_passes`` is also the most Jacobi passes a server lets one request ask for."""
+    """``mode``: standard | soft | fused. ``fused_passes``: fused mode's extra prefill passes over the prompt, an
+    integer >= 1, "auto" (per row, until the top states change by at most ``fused_tol``, at most
+    ``fused_max_passes``) or "exact" (the fixed point, token by token; docs/method.md §6)."""
 
     mode: str = "standard"
     fused_passes: int | Literal["auto", "exact"] = 1
@@ -62,8 +60,6 @@ class DecodeSettings:
         object.__setattr__(self, "fused_max_passes", _positive(self.fused_max_passes, "fused_max_passes"))
         if self.mode not in MODES:
             raise DecodeSettingsError(f"unknown decode_mode {self.mode!r}; choose one of {', '.join(MODES)}")
-
-    # ---- building ---------------------------------------------------------------------------------
 
     def with_overrides(self, **overrides: Any) -> DecodeSettings:
         """These settings with the given fields replaced; a None value keeps the field. The names are those
@@ -93,14 +89,11 @@ class DecodeSettings:
 
     @classmethod
     def trained_with(cls, schedule: TrainingSchedule, max_seq_len: int) -> DecodeSettings:
-        """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: the exact recurrence
-        (fused:exact; fused:auto may run up to the context), Jacobi passes (soft), or one pass only (standard: the
-        fusion was never trained)."""
+        """The defaults of a model of context ``max_seq_len`` trained with ``schedule``: fused:exact after the exact
+        recurrence, soft after Jacobi passes, standard where the fusion was never trained."""
         if schedule.exact:
             return cls("fused", EXACT, DEFAULT_FUSED_TOL, max_seq_len)
         return cls("soft") if schedule.max_passes > 1 else cls("standard")
-
-    # ---- reading --------------------------------------------------------------------------------------
 
     @property
     def label(self) -> str:
@@ -129,8 +122,6 @@ class DecodeSettings:
         if self.fused_passes != AUTO and self.fused_passes > limit:
             raise DecodeSettingsError(f"fused_passes must be at most {limit} here (or 'auto'), "
                                       f"got {self.fused_passes}")
-
-    # ---- storage ----------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form; ``decode_mode`` as in Hugging Face configs and the API."""

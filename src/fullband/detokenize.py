@@ -1,9 +1,6 @@
-"""Text of generated tokens as they stream (``generate --stream``, ``chat``, the server).
-
-Through ``tokenizers.decoders.DecodeStream``, which decodes only the last released piece and what follows (decoding
-the whole answer at every token is quadratic), and holds text ending in U+FFFD until a character completes. Ids that
-are not UTF-8 would be held forever: once more wait than one character can span, they are released up to the start
-of their incomplete tail, where the text splits exactly."""
+"""Text of generated tokens as they stream, through ``tokenizers.decoders.DecodeStream`` (decoding the whole answer
+at every token is quadratic), text ending in U+FFFD held until a character completes, or until more wait than one
+character can span (ids that are not UTF-8 would be held forever)."""
 
 from __future__ import annotations
 

@@ -26,11 +26,8 @@ from fullband.sampling import (
 )
 
 
-def left_pad(
-    input_ids: torch.Tensor | abc.Sequence[abc.Sequence[int]],
-    attention_mask: torch.Tensor | None = None,
-    pad_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(input_ids: torch.Tensor | abc.Sequence[abc.Sequence[int]], attention_mask: torch.Tensor | None = None,
+             pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise prompts to a left-padded (B, T) id tensor and its (B, T) bool mask: a 1-D or 2-D tensor (with an
     optional attention mask, padded on either side) or token-id lists of any lengths."""
     device = None
@@ -119,8 +116,6 @@ class Engine:
         self.counters = {"completed": 0, "cancelled": 0, "failed": 0, "generated_tokens": 0, "compactions": 0,
                          "peak_batch": 0}
 
-    # ---- interface (any thread) -----------------------------------------------------------------
-
     def submit(self, sequences: list[Sequence], limits: RequestLimits | None = NO_LIMITS) -> None:
         """Queue sequences (all or none); raise RequestError (``fullband.sampling``, naming the parameter) for one
         that cannot be served within the door's ``limits`` (None: the door has checked them), QueueFull when there
@@ -166,8 +161,6 @@ class Engine:
             self._thread.join()
             self._thread = None
 
-    # ---- the scheduler --------------------------------------------------------------------------
-
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -198,10 +191,8 @@ class Engine:
         self._forward(tokens)
 
     def _admit(self) -> None:
-        """Prefill the waiting sequences that fit in the batch and let them join it. Sequences that need the
-        same prefill (fused passes, or fused:auto's tolerance and cap) are prefilled together (left-padded, as
-        ``generate`` does; an adaptive prefill stops per row), up to ``PREFILL_TOKENS`` padded positions per call.
-        Cancelled ones leave the queue."""
+        """Prefill the waiting sequences that fit in the batch and let them join it: those that need the same
+        prefill together, left-padded, up to ``prefill_tokens`` padded positions per call."""
         if not self._waiting:  # the common step: nothing queued, no lock taken
             return
         with self._cond:
@@ -272,9 +263,8 @@ class Engine:
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
 
     def _ensure_room(self) -> None:
-        """Before a decode step: one free column at the write position. When the cache is full, drop the
-        columns that are padding for every row; grow when that leaves less than half the cache free, so a
-        compaction (a copy of the cache) happens at most once per as many steps as the cache holds rows."""
+        """Before a decode step: one free column at the write position. A full cache drops the columns that are
+        padding for every row, and grows when that leaves less than half of it free."""
         cache = self._cache
         if not isinstance(cache, KVCache) or cache.length < cache.max_len:  # a recurrent state never fills
             return

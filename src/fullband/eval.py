@@ -34,30 +34,11 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                            reduction="none").view(targets.shape)
 
 
-def _loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    """Summed next-token cross-entropy over the trained targets (callers divide by their count)."""
-    return float(token_losses(logits, targets).sum())
-
-
-def _relative_gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-position ``relative_change`` of ``a`` from ``b``, summed (callers divide by the position count)."""
-    return relative_change(a, b).sum()
-
-
 @torch.no_grad()
-def evaluate(
-    model: LanguageModel,
-    batches: Iterable[Batch],
-    fused_passes: int = 3,
-    sequential: bool = False,
-    autocast: torch.autocast | None = None,
-) -> EvalResult:
-    """Teacher-forced validation over ``batches`` (an iterable of data ``Batch`` objects).
-
-    standard = one plain pass; fused(n) = the loss after n extra fused passes over the whole sequence
-    (the model is evaluated with every position fused, document starts plain); sequential = the exact
-    token-by-token recurrence, what soft decoding computes (one forward call per position).
-    """
+def evaluate(model: LanguageModel, batches: Iterable[Batch], fused_passes: int = 3, sequential: bool = False,
+             autocast: torch.autocast | None = None) -> EvalResult:
+    """Teacher-forced validation over ``batches``: standard (one plain pass), fused(n) (after n extra fused passes
+    over the whole sequence) and sequential (the exact recurrence, what soft decoding computes)."""
     # A model without feedback (a recurrent baseline) has one pass and no recurrence: its standard loss is all it has.
     passes = fused_passes + 1 if model.has_feedback else 1
     sequential = sequential and model.has_feedback
@@ -77,16 +58,16 @@ def evaluate(
         states = []  # each pass's top states; its logits are scored and dropped as the pass comes out
         with autocast:
             for k, step in enumerate(model.iterate_passes(ids, passes, plain_mask=plain, segment_ids=segments)):
-                sums["standard" if k == 0 else f"fused({k})"] += _loss_sum(step.logits, targets)
+                sums["standard" if k == 0 else f"fused({k})"] += float(token_losses(step.logits, targets).sum())
                 states.append(step.hidden)
         for k in range(1, len(states)):
-            deltas[str(k + 1)] += float(_relative_gap(states[k], states[k - 1]))
+            deltas[str(k + 1)] += float(relative_change(states[k], states[k - 1]).sum())
         if sequential:
             with autocast:
                 logits, hidden = sequential_forward(model, ids, plain_mask=plain, segment_ids=segments)
-            sums["sequential"] += _loss_sum(logits, targets)
+            sums["sequential"] += float(token_losses(logits, targets).sum())
             for k, h in enumerate(states):
-                gaps[str(k + 1)] += float(_relative_gap(h, hidden))
+                gaps[str(k + 1)] += float(relative_change(h, hidden).sum())
     model.train(was_training)
     if positions == 0:
         return EvalResult()

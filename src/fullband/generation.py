@@ -25,8 +25,7 @@ __all__ = ["decode_settings", "generate", "generate_stream", "left_pad", "reques
 
 def decode_settings(model: LanguageModel, decode: DecodeSettings | None = None, **overrides: Any) -> DecodeSettings:
     """The settings a call decodes with: ``decode`` (default: those stored with the model) with the fields a
-    caller gave (``mode`` or ``decode_mode``, ``fused_passes``, ``fused_tol``, ``fused_max_passes``) replaced; a mode
-    the model cannot decode in is refused."""
+    caller gave replaced; a mode the model cannot decode in is refused."""
     if decode is not None and not isinstance(decode, DecodeSettings):
         raise TypeError(f"decode must be a DecodeSettings (e.g. DecodeSettings('soft')), got {decode!r}; a mode alone "
                         "is given as mode='soft'")
@@ -43,17 +42,11 @@ SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))
 
 
 def request(
-    model: LanguageModel,
-    max_new_tokens: int | None = None,
-    sampling: SamplingParams | None = None,
-    decode: DecodeSettings | None = None,
-    eos_token_id: int | None = None,
-    **fields: Any,
+    model: LanguageModel, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
+    decode: DecodeSettings | None = None, eos_token_id: int | None = None, **fields: Any
 ) -> tuple[SamplingParams, DecodeSettings]:
-    """A call's request, folded once: ``sampling`` (default: greedy) with ``max_new_tokens`` and any
-    ``SamplingParams`` field given as a keyword replaced, ``eos_token_id`` added to its stop tokens; ``decode``
-    (default: the settings stored with the model) with the ``DecodeSettings`` fields given (``mode``,
-    ``fused_passes``, ``fused_tol``, ``fused_max_passes``) replaced. A keyword that is neither is refused by name."""
+    """A call's request, folded once: ``sampling`` (default: greedy) and ``decode`` (``decode_settings``) with the
+    fields given as keywords replaced, ``eos_token_id`` added to the stop tokens; any other keyword is refused."""
     unknown = sorted(set(fields) - set(SAMPLING_FIELDS) - set(DECODE_FIELDS) - {"decode_mode"})
     if unknown:
         raise TypeError(f"unknown generate() argument(s) {', '.join(unknown)}; sampling fields are "
@@ -79,26 +72,14 @@ def run_engine(model: LanguageModel, sequences: list[EngineSequence]) -> Iterato
 
 @torch.no_grad()
 def generate_stream(
-    model: LanguageModel,
-    input_ids: torch.Tensor | Sequence[Sequence[int]],
-    max_new_tokens: int | None = None,
-    *,
-    sampling: SamplingParams | None = None,
-    decode: DecodeSettings | None = None,
-    attention_mask: torch.Tensor | None = None,
-    eos_token_id: int | None = None,
-    stats: dict[str, Any] | None = None,
-    **fields: Any,
+    model: LanguageModel, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int | None = None, *,
+    sampling: SamplingParams | None = None, decode: DecodeSettings | None = None,
+    attention_mask: torch.Tensor | None = None, eos_token_id: int | None = None, stats: dict[str, Any] | None = None,
+    **fields: Any
 ) -> Iterator[torch.Tensor]:
-    """Yield a (B,) tensor of new token ids per step. The request is ``sampling`` and ``decode`` with the keywords
-    folded in (``request``: ``temperature``, ``top_k``, ``top_p``, ``seed``, ``stop_token_ids``, ``logit_bias``,
-    the penalties, ``min_tokens``; ``mode``, ``fused_passes``, ``fused_tol``, ``fused_max_passes``; what is not
-    given comes from the settings stored with the model). Row i samples with seed ``seed + i``. A row finishes at
-    ``eos_token_id`` or any of the stop tokens and keeps yielding the token it finished with; the stream ends when
-    every row has finished or after ``max_tokens`` steps.
-    ``stats``, a dict, receives ``"fused_passes"``: the fused prefill passes each row ran (a list of B ints, 0
-    outside fused mode) once the prefill is done, and with ``fused_passes="auto"`` also ``"fused_converged"``:
-    whether each row's states met ``fused_tol`` before ``fused_max_passes``."""
+    """Yield a (B,) tensor of new token ids per step, for the request ``request`` folds. Row i samples with seed
+    ``seed + i``; a finished row keeps yielding the token it finished with. ``stats`` receives, once the prefill is
+    done, ``"fused_passes"`` (per row) and with ``fused_passes="auto"`` ``"fused_converged"`` (per row)."""
     sampling, settings = request(model, max_new_tokens, sampling, decode, eos_token_id, **fields)
     ids, mask = left_pad(input_ids, attention_mask)
     rows = [row[m].tolist() for row, m in zip(ids, mask)]
@@ -121,15 +102,9 @@ def generate_stream(
         yield torch.tensor(tokens, device=model.device)
 
 
-def generate(
-    model: LanguageModel,
-    input_ids: torch.Tensor | Sequence[Sequence[int]],
-    max_new_tokens: int | None = None,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """Return the new tokens as a (B, N) tensor, N <= max_new_tokens (fewer when every row stopped at
-    ``eos_token_id`` or one of ``stop_token_ids``; a row that stopped earlier is filled with the token it
-    stopped at). Keyword arguments are those of ``generate_stream``."""
+def generate(model: LanguageModel, input_ids: torch.Tensor | Sequence[Sequence[int]], max_new_tokens: int | None = None,
+             **kwargs: Any) -> torch.Tensor:
+    """The new tokens of ``generate_stream`` (the same arguments) as a (B, N) tensor, N <= max_new_tokens."""
     steps = list(generate_stream(model, input_ids, max_new_tokens, **kwargs))
     if not steps:
         rows = len(input_ids) if not isinstance(input_ids, torch.Tensor) or input_ids.dim() > 1 else 1
@@ -142,28 +117,14 @@ SCORINGS = ("decode", "prefill")
 
 @torch.no_grad()
 def score_continuations(
-    model: LanguageModel,
-    contexts: Sequence[Sequence[int]],
-    continuations: Sequence[Sequence[int]],
-    decode: DecodeSettings | None = None,
-    scoring: str = "decode",
-    **decode_fields: Any,
+    model: LanguageModel, contexts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+    decode: DecodeSettings | None = None, scoring: str = "decode", **decode_fields: Any
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Teacher-forced log-probabilities of each continuation given its context, batched (ragged rows).
-    The decode settings are ``decode`` (default: stored with the model) with ``decode_fields`` (``mode``,
-    ``fused_passes``, ``fused_tol``, ``fused_max_passes``) replaced, as ``generate`` folds them.
-
-    ``scoring="decode"``: the probability ``generate`` assigns to the continuation: the context
-    is prefilled exactly as ``generate_stream`` prefills a prompt (plain, or plain + fused passes in fused
-    mode, ``fused_passes`` may be "auto" or "exact"), then the continuation tokens are fed one decode step at a time,
-    each fused with the previous step's top state (soft/fused). A standard step carries no state, so there it is
-    the prefill scoring, one call instead of one per token.
-    ``scoring="prefill"``: the prefill's fused passes (none in standard mode, ``fused_passes`` in fused mode)
-    over context + continuation in parallel, as in validation; soft decoding has no such form.
-
-    Returns one (log-probabilities (L,) in the model's dtype, at least float32; greedy (L,) bool) pair per row: the
-    log-probability of each continuation token and whether it was the most likely token at its step.
-    """
+    """Teacher-forced log-probabilities of each continuation given its context, batched, with the decode settings
+    of ``decode_settings``. ``scoring="decode"``: what ``generate`` assigns, the context prefilled as a prompt and
+    the continuation fed one decode step at a time; ``"prefill"``: the mode's prefill passes over context +
+    continuation in parallel, as in validation. Returns per row (log-probabilities (L,), at least float32; whether
+    each token was the most likely (L,))."""
     if scoring not in SCORINGS:
         raise ValueError(f"unknown scoring {scoring!r}; choose one of {', '.join(SCORINGS)}")
     settings = decode_settings(model, decode, **decode_fields)
@@ -199,8 +160,8 @@ def score_continuations(
 
 
 def _score_prefill(model, contexts, continuations, settings: DecodeSettings):
-    """One prefill over each context + continuation but its last token, left-padded, so that every row's
-    continuation is predicted by the logits of its last positions: only the last L are computed."""
+    """One left-padded prefill over each context + continuation but its last token: every row's continuation is
+    predicted by the logits of the last L positions, the only ones computed."""
     ids, mask = left_pad([list(ctx) + list(cont)[:-1] for ctx, cont in zip(contexts, continuations)])
     L = max(len(cont) for cont in continuations)
     out = model.prefill(ids.to(model.device), settings.prefill_passes, attention_mask=mask.to(model.device),
@@ -220,18 +181,8 @@ def _token_scores(
 
 
 @torch.no_grad()
-def sequential_forward(
-    model: FullBandLM,
-    input_ids: torch.Tensor,
-    plain_mask: torch.Tensor | None = None,
-    segment_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The exact recurrence (docs/method.md §2) over a given sequence (teacher forcing), one token at a time
-    with a KV cache (``FullBandLM.recurrence``): position t is fused with h_{t-1} unless it is position 0 or in
-    ``plain_mask``. ``segment_ids``: packed documents that do not see each other (as in ``FullBandLM.forward``);
-    the caller marks their first positions plain.
-
-    Returns (logits (B, T, V), hidden (B, T, D)). This is the limit that K >= T passes converge to.
-    """
+def sequential_forward(model: FullBandLM, input_ids: torch.Tensor, plain_mask: torch.Tensor | None = None,
+                       segment_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, hidden) of the exact recurrence over a given sequence (``FullBandLM.recurrence``)."""
     out = model.recurrence(input_ids, plain_mask, segment_ids=segment_ids)
     return out.logits, out.hidden

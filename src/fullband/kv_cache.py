@@ -1,9 +1,6 @@
-"""The KV cache of cached decoding: every layer's keys and values for a batch, preallocated and written in place.
-
-All rows share one write position, ``length`` (prompts left-padded, joining rows right-aligned at it); a boolean key
-mask marks each row's real columns. Every change goes through the methods here, so the mask, the padding flag and the
-write position cannot fall out of step. It imports nothing of the package: the Hugging Face export ships it beside
-``model.py``."""
+"""The KV cache of cached decoding: every layer's keys and values for a batch, preallocated and written in place. All
+rows share one write position (prompts left-padded, joining rows right-aligned at it); a key mask marks each row's
+real columns. It imports nothing of the package: the Hugging Face export ships it beside ``model.py``."""
 
 from __future__ import annotations
 
@@ -26,14 +23,8 @@ class CacheLayout(Protocol):
 class KVCache:
     """Keys and values of every layer for ``batch_size`` rows, preallocated to ``max_len`` positions."""
 
-    def __init__(
-        self,
-        config: CacheLayout,
-        batch_size: int,
-        max_len: int,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ):
+    def __init__(self, config: CacheLayout, batch_size: int, max_len: int, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
         heads = config.n_kv_heads if config.n_kv_heads is not None else config.n_heads
         shape = (batch_size, heads, max_len, config.resolved_head_dim)
         self._k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layers)]
@@ -41,8 +32,6 @@ class KVCache:
         self._key_mask = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)
         self._has_padding = False  # whether any column before the write position is masked for some row
         self._length = 0  # positions written so far (advanced after a forward's last layer)
-
-    # ---- reading ----------------------------------------------------------------------------------
 
     @property
     def length(self) -> int:
@@ -84,8 +73,6 @@ class KVCache:
         written column is padding (attention then needs no mask)."""
         return self._key_mask[:, :end] if self._has_padding else None
 
-    # ---- the forward pass -------------------------------------------------------------------------
-
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one layer's new keys and values (B, kv_heads, T, head_dim) at the write position and return
         all of that layer's keys and values through them. The write position moves once every layer has
@@ -126,8 +113,6 @@ class KVCache:
         self._key_mask[:, length : self._length] = True
         self._length = length
 
-    # ---- changing the batch -----------------------------------------------------------------------
-
     def select_rows(self, index: torch.Tensor) -> None:
         """Keep (or reorder, or repeat) batch rows by index, e.g. to drop finished sequences or for beam search."""
         index = index.to(self.device)
@@ -136,11 +121,9 @@ class KVCache:
         self._key_mask = self._key_mask.index_select(0, index)
 
     def join(self, other: KVCache, max_len: int | None = None) -> None:
-        """Append ``other``'s rows (e.g. freshly prefilled prompts), right-aligned: its written columns end at
-        this cache's write position, and the columns before them are padding for those rows. When ``other``
-        is longer, every row already here moves right (padding on its left) to make room, and the write
-        position moves with it. ``max_len``: the capacity afterwards (default: the current one, or the new
-        length if that is more)."""
+        """Append ``other``'s rows (freshly prefilled prompts), right-aligned at the write position, padding before
+        them; a longer ``other`` moves the rows already here right. ``max_len``: the capacity afterwards (default:
+        the current one, or the new length if that is more)."""
         if self._layout() != other._layout():
             raise ValueError(f"cannot join a KV cache of layout {other._layout()} (layers, kv heads, head_dim) "
                              f"to one of layout {self._layout()}")
@@ -170,8 +153,6 @@ class KVCache:
 
     def _layout(self) -> tuple[int, int, int]:
         return len(self._k), self._k[0].shape[1], self._k[0].shape[3]
-
-    # ---- changing the capacity --------------------------------------------------------------------
 
     def grow(self, max_len: int) -> None:
         """Make room for ``max_len`` positions in all (the written ones are kept)."""

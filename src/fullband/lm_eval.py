@@ -44,20 +44,10 @@ def _check_choice(name: str, value: Any, allowed: Sequence[str]) -> None:
 class FullbandLM(TemplateLM):
     """A fullband model (run, checkpoint or model directory) for lm-evaluation-harness."""
 
-    def __init__(
-        self,
-        pretrained: str,
-        decode_mode: str | None = None,
-        fused_passes: int | str | None = None,
-        fused_tol: float | None = None,
-        fused_max_passes: int | None = None,
-        scoring: str = "decode",
-        batch_size: int | str = 8,
-        max_batch_size: int | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        max_length: int | None = None,
-    ) -> None:
+    def __init__(self, pretrained: str, decode_mode: str | None = None, fused_passes: int | str | None = None,
+                 fused_tol: float | None = None, fused_max_passes: int | None = None, scoring: str = "decode",
+                 batch_size: int | str = 8, max_batch_size: int | None = None, device: str | None = None,
+                 dtype: str | None = None, max_length: int | None = None) -> None:
         super().__init__()
         _check_choice("scoring", scoring, SCORINGS)
         if dtype is not None:
@@ -92,8 +82,6 @@ class FullbandLM(TemplateLM):
             raise ValueError(f"fullband lm-eval model: max_length={max_length} must be in [2, max_seq_len={limit}]")
         self._device = self.model.device
 
-    # ---- tokenization ---------------------------------------------------------------------------------
-
     @property
     def eot_token_id(self) -> int:
         return self.tokenizer_fb.eos_id
@@ -109,8 +97,6 @@ class FullbandLM(TemplateLM):
 
     def tok_decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer_fb.decode(list(tokens))
-
-    # ---- log-likelihood -------------------------------------------------------------------------------
 
     def _fit(self, context: list[int], continuation: list[int]) -> list[int]:
         """The context, truncated from the left so that context + continuation - 1 inputs fit max_length."""
@@ -160,8 +146,6 @@ class FullbandLM(TemplateLM):
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
-
-    # ---- generation -----------------------------------------------------------------------------------
 
     def _generation_options(self, gen_kwargs: dict[str, Any]) -> tuple[list[str], int, SamplingParams]:
         unknown = sorted(set(gen_kwargs) - set(GEN_KWARGS))

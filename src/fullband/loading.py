@@ -63,10 +63,8 @@ def default_data_dir(model_dir: ModelDir) -> Path:
     return model_dir.run.data if model_dir.run is not None else model_dir.path / "data"
 
 
-def load_model_and_data(
-    checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None,
-    dtype: torch.dtype | None = None,
-) -> tuple[LanguageModel, PreparedDataset, Path, Path]:
+def load_model_and_data(checkpoint: str | Path, data_dir: str | Path | None = None, device: str | None = None,
+                        dtype: torch.dtype | None = None) -> tuple[LanguageModel, PreparedDataset, Path, Path]:
     """A checkpoint and the prepared dataset to evaluate it on (by default the one it was trained on),
     refused when the data was tokenized differently. Returns (model, dataset, model_dir, data_dir)."""
     model_dir = ModelDir.open(checkpoint)

@@ -1,12 +1,6 @@
-"""The full-bandwidth transformer (its KV cache is in ``kv_cache.py``).
-
-A decoder-only transformer (pre-norm RMSNorm blocks, RoPE, SwiGLU, grouped-query attention) whose
-input at position t can be the token embedding fused with the previous position's top hidden state
-(docs/method.md §2-3). The same ``forward`` serves training, multi-pass training, prefill and cached decoding.
-
-This file imports nothing from the rest of the package but ``kv_cache.py``, on purpose: the Hugging Face
-export copies both next to the weights so that ``trust_remote_code`` models run exactly this code.
-"""
+"""The full-bandwidth transformer: a decoder-only transformer whose input at position t can be the token embedding
+fused with the previous position's top state (docs/method.md §2-3). It imports nothing from the package but
+``kv_cache.py`` on purpose: the Hugging Face export ships both as its remote code."""
 
 from __future__ import annotations
 
@@ -140,10 +134,6 @@ class FullBandConfig:
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> FullBandConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -334,9 +324,7 @@ class MultipassOutput:
 
 class StepKeys:
     """The keys and values of ``FullBandLM.recurrence``'s steps when it backpropagates: one tensor per step and layer,
-    never written after it is read. Autograd saves what attention reads, so a KV cache's in-place writes into one
-    preallocated tensor would invalidate the saved tensors of earlier steps. ``update`` joins only the keys the
-    layer's query may see (its sliding window), so a windowed layer copies at most ``window`` keys per step."""
+    never written after it is read, since autograd saves what attention reads (a KV cache writes in place)."""
 
     def __init__(self, model: FullBandLM):
         self.windows = [block.attn.window for block in model.layers]
@@ -345,7 +333,7 @@ class StepKeys:
         self.length = 0  # steps every layer has written (advanced after the last layer)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add this step's (B, H_kv, 1, hd) key and value; return those the step's query attends to."""
+        """Add this step's (B, H_kv, 1, hd) key and value; return those inside the step's window."""
         keys, values = self.keys[layer], self.values[layer]
         keys.append(k)
         values.append(v)
@@ -381,17 +369,12 @@ def windowed_token_steps(
     pasts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
     weights: list[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
-    """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, as one
-    function of tensors that ``torch.compile`` turns into one graph (``FullBandLM.compile_recurrence``). A second
-    form of the blocks' step for speed only: the joined projections and the softmax written out fuse into the
-    graph, where the blocks' three projections and SDPA are separate kernel calls per step and layer, and the keys
-    carry their documents instead of positions, so every chunk after the first has the same shapes and no graph
-    recompiles. tests/test_compiled_recurrence.py holds it to the uncompiled steps at 1e-10 in float64.
-    ``embedded`` (B, C, D); ``plain`` (B, C) the positions not fused with the state before them (``state``
-    (B, 1, D), None: the chunk starts the sequence); ``cos``/``sin`` the chunk's RoPE; ``segments`` (B, C) the
-    document of each position. ``pasts``: per layer, the keys, values (B, H, n, hd) and documents (B, n) of the
-    up to window - 1 positions before the chunk. ``weights``: per layer, the joined q/k/v and gate/up projections
-    (D, 3·H·hd) and (D, 2·d_ff). Returns the top states (B, C, D) and the pasts after the chunk."""
+    """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, written
+    as one function of tensors for ``torch.compile`` (``FullBandLM.compile_recurrence``): a second form of the
+    blocks' step, for speed only. Its keys carry their documents instead of positions, so every chunk after the
+    first has the same shapes and no graph recompiles. ``pasts``: per layer, the keys, values and documents of the
+    up to window - 1 positions before the chunk; ``weights``: per layer, the joined q/k/v and gate/up projections.
+    Returns the top states (B, C, D) and the pasts after the chunk."""
     B, C, _ = embedded.shape
     tops = []
     for c in range(C):
@@ -443,13 +426,10 @@ class FullBandLM(nn.Module):
         # How this model decodes when a caller does not say (a fullband.decoding.DecodeSettings, stored with the
         # weights). None: a fresh model, whose fusion is untrained, decodes in standard mode.
         self.decode_settings = None
-        # The distinct attention windows (None = full), one SDPA mask each; fixed by the config.
-        self._windows = {layer.attn.window for layer in self.layers}
-        # Activation checkpointing (set_activation_checkpointing): 0 = off, N = every N-th block. A training
-        # setting of this process, not of the model: it is not saved and changes no result.
+        self._windows = {layer.attn.window for layer in self.layers}  # one SDPA mask per distinct window
+        # Training settings of this process, not of the model (not saved): set_activation_checkpointing's block
+        # interval (0 = off) and compile_recurrence's compiled chunk function and length (None: uncompiled).
         self.checkpoint_every = 0
-        # compile_recurrence: the compiled chunk function and its chunk length (None: the steps run one by one).
-        # A training setting of this process, not of the model: it is not saved.
         self.compiled_steps = None
         self.compiled_chunk = 0
         self.reset_parameters()
@@ -484,10 +464,9 @@ class FullBandLM(nn.Module):
         return self.embed.weight.device
 
     def set_activation_checkpointing(self, every: int) -> None:
-        """Recompute blocks in the backward instead of keeping their activations: ``every`` = 1 checkpoints every
-        block, N every N-th one (blocks N-1, 2N-1, ...: torchtitan's layer-selective AC), 0 turns it off. Only a
-        forward with grad enabled and no KV cache checkpoints (training); prefill, decoding and evaluation run as
-        before. Each checkpointed block keeps only its input for the backward and runs its forward twice."""
+        """Recompute blocks in the backward instead of keeping their activations: ``every`` = N checkpoints every
+        N-th block (torchtitan's layer-selective AC), 0 turns it off. Only training forwards (grad enabled, no KV
+        cache) checkpoint."""
         if isinstance(every, bool) or not isinstance(every, int) or every < 0:
             raise ValueError(f"activation checkpointing: every must be 0 (off) or a positive block interval, "
                              f"got {every!r}")
@@ -497,14 +476,9 @@ class FullBandLM(nn.Module):
 
     def compile_recurrence(self, chunk: int = 8, backend: str = "inductor") -> None:
         """Run the recurrence's token steps with gradients (sequential training) ``chunk`` positions per call of a
-        ``torch.compile``d function (``windowed_token_steps``) instead of one small kernel call per operation: at
-        the state-tracking preset's width the steps are bound by the calls, not the FLOPs. The results equal the
-        uncompiled steps' up to rounding. Needs every layer to have a sliding window and plain attention (no QK
-        norm, output gate, grouped-query heads or QKV biases); a call with a KV cache, without gradients or with
-        padding (``attention_mask``) runs the steps uncompiled as before. ``chunk`` = 0 turns it off. The first
-        calls compile (minutes on a CPU for ``inductor``; each chunk length and batch size compiles once). Without
-        a working compiler (on a CPU, ``inductor`` needs a C++ compiler) the first call warns and the chunks run
-        uncompiled."""
+        ``torch.compile``d ``windowed_token_steps``: at small widths the steps are bound by kernel calls, not FLOPs.
+        Needs every layer windowed and plain attention; calls with a KV cache, without gradients or with padding run
+        uncompiled, and so do all of them, after a warning, where the compiler fails. ``chunk`` = 0 turns it off."""
         if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 0:
             raise ValueError(f"compile_recurrence: chunk must be 0 (off) or a positive number of positions, got "
                              f"{chunk!r}")
@@ -527,8 +501,7 @@ class FullBandLM(nn.Module):
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
         B, T, _ = embedded.shape
         layers = [block.attn for block in self.layers]
-        # Joined once per call, so each step multiplies once for q, k, v and once for gate, up; the gradients
-        # flow back through the join to the separate weights.
+        # Joined once per call, so each step multiplies once for q, k, v and once for gate, up.
         weights = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t(),
                     torch.cat([block.mlp.gate_proj.weight, block.mlp.up_proj.weight]).t())
                    for a, block in zip(layers, self.layers)]
@@ -576,17 +549,11 @@ class FullBandLM(nn.Module):
         logits_to_keep: int = 0,
         segment_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
-        """One pass of the stack.
-
-        feedback: (B, T, D), row t is the state fused into position t (the caller passes h_{t-1} at t);
-        None means every position is plain. plain_mask: (B, T) bool, positions that stay plain even
-        with feedback. attention_mask: (B, T) (or (B, cache length + T) with a cache), 1 = real token,
-        0 = padding that no query may attend to. position_ids: (B, T) RoPE positions; by default
-        the cache length + arange(T). logits_to_keep: compute logits for the last n positions only
-        (0 = all), e.g. for a prefill that needs only the next-token distribution. segment_ids: (B, T),
-        packed documents as runs of equal ids that do not attend to each other (a block-diagonal causal
-        mask); positions restart at 0 in each run, so a packed document computes what it would alone.
-        """
+        """One pass of the stack. feedback: (B, T, D), row t fused into position t (None: all plain) but where
+        plain_mask is True. attention_mask: (B, T) or (B, cache length + T), 0 = padding. position_ids: RoPE
+        positions (default: the cache length + arange(T)). logits_to_keep: logits of the last n positions only
+        (0 = all). segment_ids: (B, T), packed documents as runs of equal ids that do not attend to each other,
+        positions restarting at 0 in each run, so a packed document computes what it would alone."""
         B, T = input_ids.shape
         cache = past_key_values
         if segment_ids is not None and (past_key_values is not None or use_cache):
@@ -606,9 +573,8 @@ class FullBandLM(nn.Module):
         every = self.checkpoint_every if cache is None and torch.is_grad_enabled() else 0
         for i, block in enumerate(self.layers):
             if every and (i + 1) % every == 0:
-                # Non-reentrant (use_reentrant=False): works with inputs that need no grad, with FSDP2's hooks
-                # inside the block, with autocast and torch.compile; blocks draw no random numbers (the
-                # jitter is drawn between passes, outside any block), so the recomputation is exact.
+                # Non-reentrant: works with inputs that need no grad, FSDP2's hooks, autocast and torch.compile.
+                # Blocks draw no random numbers (the jitter is drawn between passes), so the recomputation is exact.
                 x = checkpoint(block, x, cos, sin, masks, None, use_reentrant=False)
             else:
                 x = block(x, cos, sin, masks, cache)
@@ -655,21 +621,11 @@ class FullBandLM(nn.Module):
         fused_tol: float = DEFAULT_FUSED_TOL,
         fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
     ) -> ModelOutput:
-        """The prompt pass of decoding (docs/method.md §6): one plain pass, then ``fused_passes`` fused passes
-        (fused(n) mode), each fusing the previous pass's states shifted by one position. Padding and each row's first
-        real token stay plain. With a cache, it ends up holding the last pass's keys and values.
-
-        ``fused_passes="auto"`` (adaptive fused prefill): each row runs fused passes until the largest
-        relative change max_t ||h_t^(k) - h_t^(k-1)|| / ||h_t^(k-1)|| over its real positions is at most
-        ``fused_tol``, or ``fused_max_passes`` passes have run; the row's result is then exactly fused(k*)
-        for its own k*. The rule is per row, so a row's k* and output do not depend on its batch. After
-        T - 1 fused passes a T-token prompt is at the exact recurrence's fixed point, so ``fused_tol=0``
-        with ``fused_max_passes >= T`` gives the sequential prefill. ``out.fused_passes`` holds k* per row and, in
-        adaptive mode, ``out.converged`` whether it met ``fused_tol`` (False: stopped by ``fused_max_passes``).
-
-        ``fused_passes="exact"``: that fixed point computed directly, one token at a time through the cache (the
-        exact recurrence; ``_exact_prefill``), at the FLOPs of one pass instead of up to T; ``out.fused_passes`` is then
-        the Jacobi passes it stands for (each row's real tokens - 1)."""
+        """The prompt pass of decoding (docs/method.md §6): one plain pass, then ``fused_passes`` fused passes, each
+        fusing the previous pass's states shifted by one position; padding and each row's first real token stay
+        plain. ``"auto"``: each row until its largest relative state change is at most ``fused_tol`` or
+        ``fused_max_passes`` ran, its result exactly fused(k*) for its own k* (``out.fused_passes``; ``out.converged``
+        whether it met the tolerance). ``"exact"``: the fixed point those passes reach, computed token by token."""
         if fused_passes == "exact":
             return self._exact_prefill(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                                        logits_to_keep)
@@ -719,10 +675,8 @@ class FullBandLM(nn.Module):
         use_cache: bool,
         logits_to_keep: int,
     ) -> ModelOutput:
-        """The prompt through the exact recurrence (``recurrence``), as soft decoding feeds generated tokens.
-        Padding and each row's first real token (and the prompt's first position, as in a fused pass) stay plain.
-        Without a cache a temporary one is used (with ``use_cache``, one of max_seq_len positions, as ``forward``
-        makes)."""
+        """The prompt through the exact recurrence, as soft decoding feeds generated tokens; ``out.fused_passes``:
+        the Jacobi passes it stands for (each row's real tokens - 1)."""
         B, T = input_ids.shape
         cache = past_key_values
         if cache is None:
@@ -752,21 +706,10 @@ class FullBandLM(nn.Module):
         logits_to_keep: int = 0,
     ) -> ModelOutput:
         """The exact recurrence (docs/method.md §2) over ``input_ids`` (B, T), teacher-forced, one token step at a
-        time: position t is fused with the top state of position t - 1, computed in the step before, unless
-        ``plain_mask`` (B, T) marks it. The first step is fused with ``state`` (B, 1, D), the top state before
-        ``input_ids`` (None: it is plain). T steps cost the FLOPs of one pass over T tokens; it is the limit that
-        K >= T Jacobi passes (``iterate_passes``, jitter 0) converge to. Exact prefill, ``sequential_forward``,
-        sequential training and the Hugging Face model's soft decoding all run it.
-
-        The steps attend to, and write into, ``past_key_values`` (after the keys it already holds). Without one
-        they use a temporary cache, or with gradients enabled a ``StepKeys``, which never writes a tensor that
-        autograd has saved. ``attention_mask`` (B, T): the real tokens of left-padded rows (padding is never
-        attended to). ``position_ids`` (B, T): RoPE positions (default: the cache length + arange(T)).
-        ``segment_ids`` (B, T): packed documents that do not see each other, positions restarting at each run
-        (the caller marks each run's first position plain, see ``plain_positions``); not with a filled cache.
-        ``logits_to_keep``: as in ``forward``. The top states go through the final norm and the head once, over
-        all positions, not T times. With gradients, no cache and no padding, a model set to ``compile_recurrence``
-        runs the steps in compiled chunks (the same results up to rounding)."""
+        time: position t is fused with the top state of position t - 1 unless ``plain_mask`` marks it, the first
+        with ``state`` (B, 1, D; None: plain). The limit that K >= T Jacobi passes converge to, at the FLOPs of one
+        pass. The steps attend to and write into ``past_key_values``; without one, a temporary cache, or with
+        gradients a ``StepKeys``. The other arguments are ``forward``'s (segment_ids: not after a filled cache)."""
         B, T = input_ids.shape
         keys = past_key_values
         if keys is None:
@@ -802,8 +745,7 @@ class FullBandLM(nn.Module):
         self, attention_mask: torch.Tensor | None, keys: KVCache | StepKeys | None, start: int, T: int
     ) -> torch.Tensor | None:
         """(B, start + T) bool, which keys are real tokens (False: padding), or None when all are. A KV cache records
-        the (B, T) (or (B, start + T)) ``attention_mask`` for later steps. Only a call given an attention mask
-        inspects it (a device sync); decode steps reuse the cache's padding flag."""
+        ``attention_mask`` for later steps, so decode steps do not inspect it again (a device sync)."""
         if attention_mask is not None:
             attention_mask = attention_mask.to(device=self.device, dtype=torch.bool)
             if isinstance(keys, KVCache) and attention_mask.shape[1] == start + T:
@@ -818,15 +760,10 @@ class FullBandLM(nn.Module):
         self, B: int, T: int, start: int, key_mask: torch.Tensor | None, segment_ids: torch.Tensor | None = None,
         windowed_keys: bool = False,
     ) -> dict[int | None, torch.Tensor | None]:
-        """Boolean SDPA masks (True = may attend) of queries at columns start .. start + T - 1, keyed by window size
-        (None = full attention): the rule of every forward and every recurrence step. A query sees the keys at or
-        before it, inside its window, of its own document (``segment_ids``, (B, n) over the columns from 0) and real
-        (``key_mask``, (B, start + T)); always itself, so a padding row never has every key masked (NaN in SDPA).
-        The keys are all columns from 0, or with ``windowed_keys`` (one query, a ``StepKeys``) only those inside each
-        window.
-
-        A mask is None where plain causal attention suffices, so SDPA can use its fused causal path.
-        """
+        """Boolean SDPA masks (True = may attend) of queries at columns start .. start + T - 1, by window size (None =
+        full): a query sees the keys at or before it, inside its window, of its own document and real; always
+        itself, so a padding row never has every key masked (NaN in SDPA). ``windowed_keys``: the keys are only
+        those inside each window (a ``StepKeys``). None where plain causal attention suffices (SDPA's fused path)."""
         device, end = self.device, start + T
         masks: dict[int | None, torch.Tensor | None] = {}
         for window in self._windows:
@@ -866,25 +803,14 @@ class FullBandLM(nn.Module):
         segment_ids: torch.Tensor | None = None,
         grad_passes: int | None = None,
     ) -> Iterator[ModelOutput]:
-        """K passes over the whole sequence, all positions in parallel, yielded one at a time.
+        """K passes over the whole sequence, all positions in parallel, yielded one at a time (docs/method.md §4).
 
-        Pass 1 is a plain forward; pass k >= 2 fuses position t with pass k-1's top state at t-1
-        (plus jitter ε ~ U[-σ, σ], σ = ``jitter``, default config.feedback_jitter in training mode
-        and 0 in eval mode). Position 0, positions in ``plain_mask`` and positions holding
-        ``bos_token_id`` (document starts) stay plain in every pass. ``prefix_mixin`` = f > 0 draws per
-        sequence p ~ U{0, .., ceil(f·T) - 1} and keeps positions t <= p plain in later passes.
-        ``generator`` may be one generator per row, so that a row's random draws do not depend on
-        which rank or micro-batch it lands in. ``detach``: the fed-back states carry no gradient into
-        the pass that produced them. ``segment_ids`` (B, T): packed documents isolated from each other
-        (see ``forward``); the first position of each run is plain. ``grad_passes`` = g: only the last g
-        passes build a graph (T2MLR-style); the first K - g run under no_grad, so K can reach the sequence
-        length (the exact recurrence) at the memory of g passes.
-
-        Pass k + 1 runs only when the next one is asked for, so a consumer may take pass k's loss and
-        backpropagate it first (with ``detach``, freeing pass k's graph before pass k + 1 is built), and
-        keeps only what it needs of each pass. The arguments are checked, and the prefix lengths drawn,
-        when this is called, before the first pass runs.
-        """
+        Pass 1 is plain; pass k >= 2 fuses position t with pass k-1's top state at t-1 plus jitter U[-σ, σ] (σ =
+        ``jitter``, default config.feedback_jitter in training mode, 0 in eval mode). The positions of
+        ``plain_positions`` stay plain. ``generator`` may be one per row, so a row's draws do not depend on where it
+        lands. ``detach``: the fed-back states carry no gradient. ``grad_passes`` = g: only the last g passes build
+        a graph, so K can reach the sequence length at the memory of g passes. Pass k + 1 runs only when asked for,
+        so a consumer may backpropagate pass k's loss first; the arguments are checked at the call."""
         if passes < 1:
             raise ValueError(f"passes must be >= 1, got {passes}")
         if grad_passes is not None and grad_passes < 1:
@@ -911,9 +837,7 @@ class FullBandLM(nn.Module):
         return run()
 
     def multipass(self, input_ids: torch.Tensor, passes: int, **recurrence: Any) -> MultipassOutput:
-        """Every pass's logits and top states of ``iterate_passes`` (the same keyword arguments: plain_mask,
-        bos_token_id, jitter, prefix_mixin, detach, generator, attention_mask, position_ids, segment_ids,
-        grad_passes), held together."""
+        """Every pass's logits and top states of ``iterate_passes`` (the same keyword arguments), held together."""
         out = MultipassOutput(logits=[], hidden=[])
         for step in self.iterate_passes(input_ids, passes, **recurrence):
             out.logits.append(step.logits)
@@ -936,9 +860,8 @@ class FullBandLM(nn.Module):
         cls, config: FullBandConfig, state: dict[str, torch.Tensor], device: str | torch.device | None = None,
         dtype: torch.dtype | None = None, source: str = "the weights",
     ) -> FullBandLM:
-        """A model of ``config`` holding the tensors of ``state``, cast to ``dtype`` (default: torch's default dtype,
-        as a freshly built model's) and moved to ``device``. Built on the meta device, so no parameter is first
-        initialised at random and then overwritten: the modules take the tensors themselves."""
+        """A model of ``config`` holding the tensors of ``state`` in ``dtype`` (default: torch's default dtype) on
+        ``device``, built on the meta device so that no parameter is first initialised at random."""
         with torch.device("meta"):
             model = cls(config)
         dtype = dtype or torch.get_default_dtype()
@@ -969,9 +892,8 @@ def plain_positions(
     prefix_mixin: float = 0.0,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
-    """(B, T) bool: the positions of ``input_ids`` that take no feedback (see ``FullBandLM.iterate_passes``):
-    position 0, ``plain_mask``, ``bos_token_id`` tokens, the first position of each ``segment_ids`` run, and
-    with ``prefix_mixin`` = f > 0 a prefix t <= p, p ~ U{0, .., ceil(f·T) - 1} per row (drawn from ``generator``)."""
+    """(B, T) bool: the positions that take no feedback: position 0, ``plain_mask``, ``bos_token_id`` tokens, each
+    ``segment_ids`` run's first, and with ``prefix_mixin`` = f > 0 a prefix t <= p, p ~ U{0, .., ceil(f·T) - 1}."""
     B, T = input_ids.shape
     device = input_ids.device
     plain = torch.zeros(B, T, dtype=torch.bool, device=device)
@@ -1038,16 +960,12 @@ def write_weights(state: dict[str, torch.Tensor], directory: Path) -> None:
     tmp = directory / (WEIGHTS_NAME + ".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp),
               metadata={"format": "pt", "library": "fullband"})
-    os.chmod(tmp, ordinary_file_mode())  # safetensors creates its files with mode 0600
+    os.chmod(tmp, ordinary_file_mode())
     os.replace(tmp, directory / WEIGHTS_NAME)
 
 
 def ordinary_file_mode() -> int:
-    """The mode a newly created ordinary file gets under this process's umask: 0o666 & ~umask.
-
-    safetensors writes weights through a private temporary file (mode 0600) that it renames into place,
-    so weight files are chmod-ed to this, or colleagues in the same group could not read a model.
-    """
+    """0o666 & ~umask, the mode a new file gets: safetensors creates its files 0600, which a group could not read."""
     try:  # Linux reports the umask without changing it; os.umask can only read it by setting it
         with open("/proc/self/status") as status:
             for line in status:

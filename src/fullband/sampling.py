@@ -46,13 +46,9 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """One request: how many tokens and how each is chosen, with vLLM's field names. It is the only request object
-    below the doors: ``generate``'s keywords, the command line's flags and the server's JSON body are folded into
-    one ``SamplingParams`` (and one ``fullband.decoding.DecodeSettings``, the latent-feedback mode) where they
-    arrive. Checked against a model when a request is submitted (``check_request``), within the door's limits.
-
-    ``stop_token_ids``: tokens that end the sequence (the token is emitted; masked until ``min_tokens``).
-    ``logprobs``: None for none; k >= 0 for the chosen token's log-probability and the top k."""
+    """One request: how many tokens and how each is chosen, with vLLM's field names; every door folds its keywords,
+    flags or JSON body into one (and one ``DecodeSettings``) where they arrive. ``stop_token_ids`` end the sequence
+    (the token is emitted); ``logprobs`` k >= 0: the chosen token's log-probability and the top k."""
 
     max_tokens: int = 16
     temperature: float = 0.0  # 0 = greedy
@@ -77,12 +73,8 @@ class SamplingParams:
         return self.top_k if self.top_k is not None and self.top_k >= 1 else None
 
 
-def check_request(
-    config: Any,
-    prompts: torch.Tensor | Sequence[Sequence[int]],
-    params: SamplingParams,
-    limits: RequestLimits = RequestLimits(),
-) -> LogitsAdjustments:
+def check_request(config: Any, prompts: torch.Tensor | Sequence[Sequence[int]], params: SamplingParams,
+                  limits: RequestLimits = RequestLimits()) -> LogitsAdjustments:
     """Raise ``RequestError`` naming the first parameter of ``params`` that a model of ``config`` (its ``vocab_size``
     and ``max_seq_len``) cannot serve within a door's ``limits``; return the request's checked logits adjustments.
     ``prompts``: token-id rows, or a (T,) or (B, T) tensor of rows padded with valid ids."""
@@ -154,16 +146,9 @@ class LogitsAdjustments:
     min_tokens: int = 0
 
     @classmethod
-    def of(
-        cls,
-        vocab_size: int,
-        max_tokens: int | None = None,
-        logit_bias: Mapping[int | str, float] | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repetition_penalty: float = 1.0,
-        min_tokens: int = 0,
-    ) -> LogitsAdjustments:
+    def of(cls, vocab_size: int, max_tokens: int | None = None, logit_bias: Mapping[int | str, float] | None = None,
+           presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+           min_tokens: int = 0) -> LogitsAdjustments:
         """The fields, checked: RequestError naming the field and its allowed range when one is out of it.
         ``logit_bias`` keys may be ints or the strings of ints (JSON object keys); ``max_tokens`` bounds min_tokens."""
         for name, value in (("presence_penalty", presence_penalty), ("frequency_penalty", frequency_penalty)):
@@ -212,24 +197,14 @@ def _is_number(value: object) -> bool:
 
 
 class BatchAdjuster:
-    """The adjusted logits of a batch whose rows each have their own ``LogitsAdjustments``, prompt and end tokens.
+    """The adjusted logits of a batch whose rows each have their own ``LogitsAdjustments``, prompt and end tokens,
+    following rows that leave and join (``select``, ``extend``). While some row has a penalty, each row keeps its
+    tokens so far and the counts of its generated ones, so the penalties touch only those L logits, not all V."""
 
-    ``adjust`` maps the (B, V) logits of a step to the adjusted ones; ``record`` adds the step's chosen tokens to the
-    rows' history. ``select`` and ``extend`` follow a batch whose rows leave and join (the server's engine).
-    While some row has a penalty, each row keeps its tokens so far (prompt and generated, (B, L)) and the counts of
-    its generated tokens ((B, V)); the penalties then read and write only the L logits of those tokens, not all V."""
-
-    def __init__(
-        self,
-        rows: Sequence[LogitsAdjustments],
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        end_ids: Sequence[Iterable[int]],
-        vocab_size: int,
-    ):
-        """``prompt_ids`` and ``prompt_mask``: the rows' prompts, (B, T) ids padded on either side and the (B, T)
-        mask of their real tokens (each row has at least one); ``end_ids``: per row, the tokens that end it (masked
-        until ``min_tokens``)."""
+    def __init__(self, rows: Sequence[LogitsAdjustments], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 end_ids: Sequence[Iterable[int]], vocab_size: int):
+        """``prompt_ids``, ``prompt_mask``: (B, T), padded on either side; ``end_ids``: per row, masked until
+        ``min_tokens``."""
         if not len(rows) == len(prompt_ids) == len(end_ids):
             raise ValueError(f"{len(rows)} rows of adjustments, {len(prompt_ids)} prompts and {len(end_ids)} "
                              "end-id sets")

@@ -15,12 +15,8 @@ def first_stop(text: str, stops: Iterable[str], start: int = 0) -> int | None:
 
 
 def tokens_until_stop(
-    stream: Iterable[torch.Tensor],
-    rows: int,
-    eos_id: int | None,
-    detokenize: Callable[[list[int]], str],
-    stops: Sequence[str] = (),
-    stop_ids: Collection[int] = (),
+    stream: Iterable[torch.Tensor], rows: int, eos_id: int | None, detokenize: Callable[[list[int]], str],
+    stops: Sequence[str] = (), stop_ids: Collection[int] = ()
 ) -> list[list[int]]:
     """Each row's tokens from ``stream`` (a (rows,) tensor of token ids per step, as ``generate_stream`` yields)
     until the row produces ``eos_id`` (left out) or ``stop_ids`` or text holding one of ``stops`` (kept in). A token

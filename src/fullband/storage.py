@@ -37,9 +37,7 @@ MODEL_KEY = "model"  # the model's entry in a DCP checkpoint's state dict ({"mod
 
 @dataclass(frozen=True)
 class RunDir:
-    """A training run's directory, the one place its layout is spelled out: ``config.yaml`` (the run's config),
-    ``checkpoints/step_N/`` (each with ``model/``), ``best/`` (``train.keep_best``'s model), ``tokenizer/`` and the
-    prepared ``data/``."""
+    """A training run's directory, the one place its layout is spelled out (docs/checkpoints.md)."""
 
     path: Path
     CONFIG: ClassVar[str] = "config.yaml"
@@ -95,9 +93,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def verify_checkpoint(path: Path, hashes: bool = True) -> None:
-    """Raise CheckpointError unless every file in the manifest is present with its size and (``hashes``) its
-    sha256. Without hashes the check reads no file's contents: what loading a model for inference needs, where
-    hashing a large run's optimizer state would cost seconds before the first token (``fullband verify`` hashes)."""
+    """Raise CheckpointError unless every file in the manifest is present with its size and (``hashes``) its sha256;
+    without hashes no file is read, as loading a model for inference wants."""
     manifest = path / MANIFEST
     if not manifest.is_file():
         raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
@@ -162,8 +159,7 @@ def verify(path: str | os.PathLike) -> list[Path]:
 
 
 def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file. safetensors checks the header against the file's size before it reads a
-    tensor; a truncated or damaged file is refused with its name and safetensors' reason."""
+    """The tensors of a safetensors file; a truncated or damaged one is refused with its name and the reason."""
     try:
         return load_file(str(file))
     except SafetensorError as exc:
@@ -172,8 +168,7 @@ def read_safetensors(file: Path) -> dict[str, torch.Tensor]:
 
 @contextlib.contextmanager
 def single_process_dcp() -> Iterator[None]:
-    """DCP warns at every save or load without a process group that it assumes a single process: here that
-    is the intent (a one-process run, a front door consolidating a checkpoint), so the warning is noise."""
+    """Without DCP's warning that it assumes a single process, which is the intent here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
@@ -214,10 +209,9 @@ def read_json(path: Path) -> Any:
 
 @dataclass(frozen=True)
 class ModelDir:
-    """A model on disk, opened once from whatever path a user gives: a run directory (its newest valid checkpoint),
-    a checkpoint or ``best/`` (checked against its manifest: sizes, and with ``hashes`` sha256), a model directory,
-    a DCP checkpoint's ``model/`` or an ``export-hf`` directory. It holds what every door needs before the
-    weights; ``read_weights`` and ``load`` read them, once."""
+    """A model on disk, opened once from whatever path a user gives (a run directory, checkpoint, ``best/``, model
+    directory, DCP checkpoint or ``export-hf`` directory): what every door needs before the weights, which
+    ``read_weights`` and ``load`` read."""
 
     path: Path  # the directory holding config.json
     config: ModelConfig
@@ -326,11 +320,18 @@ def consolidate(source: str | os.PathLike, out: str | os.PathLike) -> Path:
     model_dir, out = ModelDir.open(source, hashes=True), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"{out} already exists and is not an empty directory: choose another --out")
-    weights = model_dir.read_weights()
-    out.mkdir(parents=True, exist_ok=True)
-    write_weights(weights, out)
-    model_dir.config.save(out / CONFIG_NAME)
-    model_dir.decode.save(out)
-    if model_dir.tokenizer is not None:
-        shutil.copytree(model_dir.tokenizer, out / "tokenizer")
+    write_model_dir(out, model_dir.read_weights(), model_dir.config, model_dir.decode, model_dir.tokenizer)
     return out
+
+
+def write_model_dir(directory: Path, weights: dict[str, torch.Tensor] | None, config: ModelConfig,
+                    decode: DecodeSettings, tokenizer: Path | None) -> None:
+    """A model directory: the weights (None: a DCP checkpoint's, in its shards), config.json, the decode settings
+    and a copy of the tokenizer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if weights is not None:
+        write_weights(weights, directory)
+    config.save(directory / CONFIG_NAME)
+    decode.save(directory)
+    if tokenizer is not None:
+        shutil.copytree(tokenizer, directory / "tokenizer")

@@ -1,7 +1,5 @@
-"""The recurrent baselines the FBT is compared with, trained, decoded and graded through the same doors
-(``fullband train --model.arch lstm|deltaproduct``, ``generate``, ``bench``): torch's LSTM and a DeltaProduct
-linear RNN. They register with ``fullband.architectures`` through ``MODELS``; nothing else in the package names
-them."""
+"""The recurrent baselines the FBT is compared with through the same doors: torch's LSTM and a DeltaProduct linear
+RNN. They register with ``fullband.architectures`` through ``MODELS``; nothing else in the package names them."""
 
 from fullband.baselines.base import BASELINE_ARCH_HELP, BASELINE_FIELD_HELP, BaselineConfig, RecurrentLM
 from fullband.baselines.deltaproduct import DeltaProductLM, DeltaState

@@ -149,12 +149,9 @@ class RecurrentLM(nn.Module):
         logits_to_keep: int = 0,
         segment_ids: torch.Tensor | None = None,
     ) -> ModelOutput:
-        """FullBandLM.forward's interface, for the decode loop and the trainer. ``past_key_values``: the state the
-        sequence continues from, replaced by the final one (``use_cache``). ``attention_mask`` (B, T), or (B, cache
-        length + T) of which the last T columns are read: its False tokens (left padding) leave the state unchanged.
-        ``segment_ids`` (B, T): packed documents, each run from a zero state as if alone. ``plain_mask`` and
-        ``position_ids`` carry nothing here (no feedback; the order is the position) and are accepted so that the
-        decode loop and the trainer call every arch alike."""
+        """FullBandLM.forward's interface, so the decode loop and the trainer call every arch alike (``plain_mask``
+        and ``position_ids`` carry nothing here). ``past_key_values``: the state the sequence continues from,
+        replaced by the final one; left padding (``attention_mask``'s last T columns) leaves the state unchanged."""
         if feedback is not None:
             raise ValueError(self.no_feedback)
         if segment_ids is not None and (past_key_values is not None or use_cache):
@@ -195,8 +192,7 @@ class RecurrentLM(nn.Module):
         fused_tol: float = DEFAULT_FUSED_TOL,
         fused_max_passes: int = DEFAULT_FUSED_MAX_PASSES,
     ) -> ModelOutput:
-        """The prompt phase of standard decoding (FullBandLM.prefill's interface): one pass over the prompts.
-        Fused passes are refused: there is no state to fuse."""
+        """FullBandLM.prefill's interface: one pass over the prompts (fused passes are refused)."""
         if fused_passes != 0:
             raise ValueError(self.no_feedback)
         out = self(input_ids, attention_mask=attention_mask, past_key_values=past_key_values, use_cache=use_cache,
@@ -206,9 +202,7 @@ class RecurrentLM(nn.Module):
 
     def iterate_passes(self, input_ids: torch.Tensor, passes: int, segment_ids: torch.Tensor | None = None,
                        attention_mask: torch.Tensor | None = None, **recurrence: Any) -> Iterator[ModelOutput]:
-        """The trainer's and validation's pass loop (FullBandLM.iterate_passes' interface) with its one pass.
-        ``recurrence``'s options (plain_mask, prefix_mixin, jitter, detach, grad_passes, ...) shape later passes
-        only, so one pass is the same with any of them."""
+        """FullBandLM.iterate_passes' interface with its one pass (``recurrence``'s options shape later passes only)."""
         if passes != 1:
             raise ValueError(f"{passes} passes asked of {self.kind}: it has no latent feedback to run Jacobi "
                              "passes over; use train.schedule standard")

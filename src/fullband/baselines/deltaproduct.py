@@ -30,13 +30,8 @@ CHUNK_TOKENS = 32
 
 
 def delta_product_scan(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor | None = None,
-    keep: torch.Tensor | None = None,
-    chunk: int = CHUNK_TOKENS,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, state: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None, chunk: int = CHUNK_TOKENS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The recurrence over T tokens. ``q`` (B, T, H, d); ``k``, ``v`` (B, T, n_h, H, d); ``beta`` (B, T, n_h, H);
     ``state`` (B, H, d, d), zero when None; ``keep`` (B, T) bool: False at a document start, where S restarts

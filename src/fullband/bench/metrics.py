@@ -19,13 +19,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def bootstrap_ci(
-    groups: Sequence[Sequence[float]],
-    statistic: Callable[[np.ndarray], float],
-    n_resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> tuple[float, float]:
+def bootstrap_ci(groups: Sequence[Sequence[float]], statistic: Callable[[np.ndarray], float], n_resamples: int = 1000,
+                 seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of ``statistic`` over the concatenated values, resampling whole
     groups (one group per problem, so the samples of one problem stay together)."""
     if not groups:
@@ -40,19 +35,10 @@ def bootstrap_ci(
     return float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
 
 
-def summarize(
-    scores: Sequence[Sequence[float]],
-    lengths: Sequence[Sequence[int]],
-    ks: Sequence[int],
-    n_resamples: int = 1000,
-    seed: int = 0,
-) -> dict:
-    """Metrics of one task x mode x temperature cell from per-problem lists of sample scores (1.0 =
-    correct) and generated lengths in tokens.
-
-    accuracy is the mean score over all samples (= pass@1); pass@k is the mean over problems of the
-    unbiased estimator, for each k not above the number of samples per problem. Every number comes with a
-    95% bootstrap interval over problems."""
+def summarize(scores: Sequence[Sequence[float]], lengths: Sequence[Sequence[int]], ks: Sequence[int],
+              n_resamples: int = 1000, seed: int = 0) -> dict:
+    """Metrics of one task x mode x temperature cell from per-problem sample scores (1.0 = correct) and generated
+    lengths: accuracy (pass@1) and the unbiased pass@k, each with a 95% bootstrap interval over problems."""
     out: dict = {"problems": len(scores), "samples": sum(len(s) for s in scores)}
     out["accuracy"] = float(np.mean(np.concatenate([np.asarray(s, float) for s in scores])))
     out["accuracy_ci"] = bootstrap_ci(scores, np.mean, n_resamples, seed)

@@ -106,20 +106,12 @@ def stop_token_ids(tokenizer: Any, stops: Sequence[str]) -> set[int]:
 
 @torch.no_grad()
 def generate_batch(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[list[int]],
-    max_new_tokens: int,
-    task: BenchTask,
-    stop_ids: set[int],
-    sampling: SamplingParams,
-    decode: DecodeSettings,
+    model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, task: BenchTask, stop_ids: set[int],
+    sampling: SamplingParams, decode: DecodeSettings
 ) -> tuple[list[list[int]], list[int], list[bool | None]]:
-    """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap).
-
-    Returns each row's generated token ids (EOS excluded, stop string included), the fused prefill
-    passes each row ran (0 outside fused mode) and, in fused:auto mode, whether its prefill converged
-    (met fused_tol before fused_max_passes; None in the other modes)."""
+    """Generate for a batch until each row hits EOS or a stop string of the task (or the token cap). Per row: the
+    generated ids (EOS excluded, stop string included), its fused prefill passes and (fused:auto) whether its
+    prefill converged."""
     stats: dict[str, Any] = {}
     eos = tokenizer.eos_id
     stream = generate_stream(model, prompts, max_new_tokens, sampling=sampling, decode=decode, eos_token_id=eos,
@@ -131,16 +123,8 @@ def generate_batch(
     return rows, [int(p) for p in passes], converged
 
 
-def run_task(
-    model: Any,
-    tokenizer: Any,
-    task: BenchTask,
-    settings: BenchSettings,
-    modes: Sequence[DecodeSettings],
-    out_dir: Path,
-    done: dict[str, dict],
-    progress: bool = True,
-) -> list[dict]:
+def run_task(model: Any, tokenizer: Any, task: BenchTask, settings: BenchSettings, modes: Sequence[DecodeSettings],
+             out_dir: Path, done: dict[str, dict], progress: bool = True) -> list[dict]:
     """Generate and score every missing sample of one task; returns all its sample rows."""
     problems = task.problems(settings.limit)
     if not problems:
@@ -290,15 +274,8 @@ def check_settings(out_dir: Path, settings: BenchSettings) -> None:
     path.write_text(json.dumps(current, indent=2) + "\n")
 
 
-def run_bench(
-    model: Any,
-    tokenizer: Any,
-    tasks: Sequence[BenchTask],
-    settings: BenchSettings,
-    out_dir: str | os.PathLike,
-    progress: bool = True,
-    plots: bool = True,
-) -> dict:
+def run_bench(model: Any, tokenizer: Any, tasks: Sequence[BenchTask], settings: BenchSettings,
+              out_dir: str | os.PathLike, progress: bool = True, plots: bool = True) -> dict:
     """Run (or resume) a benchmark and write samples.jsonl, results.json, results.md and the plots. Each mode
     decodes with the model's stored settings in that mode (``parse_modes``)."""
     base = decode_settings(model, fused_tol=settings.fused_tol, fused_max_passes=settings.fused_max_passes)

@@ -171,11 +171,9 @@ def _inside(path: str, parent: str) -> bool:
 
 
 def mount_arguments(visible: Sequence[str], hidden: Sequence[str]) -> list[str]:
-    """bwrap arguments that show each path of ``visible`` read-only at its place (at its real path and,
-    if it differs, at the given one) and cover each path of ``hidden`` that would otherwise show (one
-    inside a visible path, e.g. a project directory inside the interpreter's prefix) with an empty
-    read-only directory; visible paths inside a hidden one are shown again on top of it. A hidden path
-    that is itself visible, or holds one, stays (its visible part is what the interpreter needs)."""
+    """bwrap arguments that show each path of ``visible`` read-only (at its real path and the given one) and cover
+    each path of ``hidden`` inside one with an empty read-only directory, visible paths inside it shown again on
+    top. A hidden path that is itself visible, or holds one, stays."""
     binds: dict[str, str] = {}  # destination -> source
     for path in visible:
         real = os.path.realpath(path)
@@ -250,11 +248,9 @@ def _bwrap_command(program: str, limits: Limits) -> tuple[list[str], int]:
 
 def run_program(code: str, limits: Limits = Limits(), isolation: str = BUBBLEWRAP,
                 force_socket_fallback: bool = False) -> ProgramResult:
-    """Run Python source ``code`` in a fresh sandboxed process; exit status 0 means passed.
-
-    ``isolation`` is "bubblewrap" (refused with ``SandboxUnavailable`` where it cannot run; see
-    ``choose_isolation``) or "guard". ``force_socket_fallback`` makes the guard cut the network through the
-    socket API even where a network namespace is available (so the fallback can be tested anywhere)."""
+    """Run Python source ``code`` in a fresh sandboxed process (``isolation``: "bubblewrap" or "guard"); exit status
+    0 means passed. ``force_socket_fallback``: the guard cuts the network through the socket API even where a
+    network namespace is available (to test the fallback)."""
     if isolation not in (BUBBLEWRAP, GUARD):
         raise ValueError(f"isolation must be {BUBBLEWRAP!r} or {GUARD!r}, got {isolation!r}")
     if isolation == BUBBLEWRAP:

@@ -179,10 +179,8 @@ TASK_KINDS = "synthetic:<name>[:opts], jsonl:PATH, rg:<name>[:opts], humaneval"
 def make_task(spec: str, match: str = "exact", seed: int = 0, val_examples: int = 500, rg_size: int = 100,
               limits: Limits | None = None, workers: int | None = None,
               allow_unsandboxed: bool = False) -> BenchTask:
-    """Resolve a ``--task`` spec (see the module docstring). ``seed`` and ``val_examples`` select the
-    synthetic held-out split (use the values the model was trained with), ``seed`` and ``rg_size`` the
-    reasoning-gym dataset; ``limits``, ``workers`` and ``allow_unsandboxed`` (run HumanEval's programs
-    under the guard where bubblewrap cannot run, instead of refusing) the code execution."""
+    """Resolve a ``--task`` spec (see the module docstring). ``seed`` and ``val_examples`` select the synthetic
+    held-out split, ``seed`` and ``rg_size`` the reasoning-gym dataset; the others, the code execution."""
     kind, _, rest = spec.partition(":")
     if kind == "synthetic" and rest:
         return SyntheticBenchTask(rest, seed, val_examples)

@@ -1,8 +1,6 @@
-"""Chat templates and loss masks for instruction tuning (docs/instruction-tuning.md).
-
-A conversation is encoded segment by segment between special tokens, as a Hugging Face tokenizer splits the
-rendered text at its special tokens, so the exported tokenizer's ``apply_chat_template`` gives the same ids, and
-training documents (``encode_record``) use the same encoding as inference."""
+"""Chat templates and loss masks for instruction tuning (docs/instruction-tuning.md). A conversation is encoded
+segment by segment between special tokens, as a Hugging Face tokenizer splits it, so training documents, inference
+and the exported tokenizer's ``apply_chat_template`` give the same ids."""
 
 from __future__ import annotations
 
@@ -53,12 +51,8 @@ def end_of_turn_ids(tokenizer: Tokenizer) -> list[int]:
 
 
 def encode_record(tokenizer: Tokenizer, record: dict) -> tuple[list[int], list[bool]]:
-    """A chat or prompt_answer record (see fullband.data.sources) as a framed training document: ids that
-    start with bos and end with eos, and a loss mask, True where the token is a training target.
-
-    chat: the assistant turns' tokens including their end-of-turn token; prompt_answer: the answer's
-    tokens and the final eos.
-    """
+    """A chat or prompt_answer record as a framed training document (bos ... eos) and its loss mask: True on the
+    assistant turns' tokens and their end-of-turn token (chat), or on the answer and the final eos."""
     if "messages" in record:
         messages = check_messages(record["messages"])
         if tokenizer.chat_template is not None:
@@ -69,9 +63,6 @@ def encode_record(tokenizer: Tokenizer, record: dict) -> tuple[list[int], list[b
     prompt, answer = tokenizer.encode(record["prompt"]), tokenizer.encode(record["answer"])
     ids = [tokenizer.bos_id, *prompt, *answer, tokenizer.eos_id]
     return ids, [False] * (1 + len(prompt)) + [True] * (len(answer) + 1)
-
-
-# ---- built-in template ---------------------------------------------------------------------------
 
 
 def _require_chat_tokens(tokenizer: Tokenizer) -> None:
@@ -101,9 +92,6 @@ def _builtin_ids(
         ids += head
         mask += [False] * len(head)
     return ids, mask
-
-
-# ---- a tokenizer's own (Jinja) template ------------------------------------------------------------
 
 
 @lru_cache(maxsize=8)

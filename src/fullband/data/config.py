@@ -138,10 +138,7 @@ class DataConfig:
         return cls(**d)
 
     def fingerprint(self) -> str:
-        """sha256 of every field plus the data format version.
-
-        The source files' contents are not hashed (that would mean reading the whole corpus to decide
-        whether a prepared dataset can be reused); after editing the corpus, prepare with overwrite.
-        """
+        """sha256 of every field plus the data format version; not of the corpus (after editing it, prepare with
+        overwrite)."""
         blob = json.dumps({"format_version": DATA_FORMAT_VERSION, **self.to_dict()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()

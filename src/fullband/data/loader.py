@@ -1,8 +1,6 @@
-"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows (docs/method.md).
-
-A step takes the next ``batch_size`` windows of one global order shuffled per (seed, epoch) and rank r keeps rows
-r::world_size, so the world size can change on resume; a length curriculum draws its steps' windows by a generator
-seeded per (seed, step, micro-batch) and does not move the epoch order, so a resumed run needs no extra state."""
+"""TokenLoader: deterministic, resumable, rank-sharded batches of packed token windows. A step takes the next
+``batch_size`` windows of one global order shuffled per (seed, epoch), rank r rows r::world_size, so the world size
+can change on resume; a length curriculum's windows are drawn per (seed, step, micro-batch)."""
 
 from __future__ import annotations
 
@@ -16,10 +14,8 @@ _CURRICULUM_STREAM = 0x6C656E
 
 
 def window_longest_documents(split: TokenSplit, starts: np.ndarray, seq_len: int) -> np.ndarray:
-    """Per window (first tokens ``starts``, from ``split.window_starts``), the length in tokens of the
-    longest document it trains, capped at seq_len + 1: the documents it holds whole, or its first document
-    if that one is longer than the window. A cut document at a window's end is trained in the next window
-    (``make_batch``), so it does not count here."""
+    """Per window (first tokens ``starts``), the length of the longest document it trains, capped at seq_len + 1:
+    those it holds whole, or its first if longer than the window (a cut one at its end is the next window's)."""
     doc_starts = split.doc_starts
     ends = np.append(doc_starts[1:], len(split))
     lengths = ends - doc_starts

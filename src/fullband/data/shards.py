@@ -107,9 +107,8 @@ class _ShardWriter:
 # --- Work units: tokenized one by one (in parallel), stitched in order --------------------------------
 
 class _UnitPiece:
-    """One split's output of one work unit, in the unit's directory: framed tokens (<split>.bin), the local
-    offset and UTF-8 size of every document (<split>_docs.npy, <split>_bytes.npy; the sizes let the stitcher
-    apply max_train_bytes exactly where a sequential pass would) and, for records, the loss mask."""
+    """One split's output of one work unit: framed tokens, the offset and UTF-8 size of every document (the sizes
+    let the stitcher apply max_train_bytes where a sequential pass would) and, for records, the loss mask."""
 
     def __init__(self, directory: Path, split: str, dtype: np.dtype, records: bool) -> None:
         self.directory, self.split, self.dtype = directory, split, dtype
@@ -181,10 +180,8 @@ def frame_texts(tok: Tokenizer, texts: list[str], dtype: np.dtype) -> tuple[np.n
 
 
 def tokenize_unit(cfg: DataConfig, unit: Unit, fmt: str, tok: Tokenizer, unit_dir: Path) -> dict:
-    """Tokenize one work unit into `unit_dir` (both splits) and return its record (unit.json).
-
-    Written into a temporary directory that is renamed only once everything, unit.json last, is on disk:
-    a unit directory that exists is finished (resume still verifies its checksums)."""
+    """Tokenize one work unit into `unit_dir` (both splits) and return its record (unit.json), through a temporary
+    directory renamed into place once everything is on disk: a unit directory that exists is finished."""
     tmp = unit_dir.with_name(unit_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -378,8 +375,8 @@ def _unit_name(index: int) -> str:
 
 
 def _remove_outputs(out_dir: Path, keep_work: bool = False) -> None:
-    """Delete what a previous (possibly interrupted) prepare wrote: only our own file names. `keep_work`
-    keeps the tokenizer and the finished work units, which a resumed prepare reuses after checking them."""
+    """Delete what a previous prepare wrote (only our own file names); `keep_work`: not the tokenizer and the
+    finished work units, which a resumed prepare reuses."""
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for split in SPLITS:
         for p in [*out_dir.glob(f"{split}_[0-9][0-9][0-9].bin"), out_dir / f"{split}_docs.npy",
@@ -414,18 +411,10 @@ def _resumable(out_dir: Path, plan: dict) -> tuple[Tokenizer | None, dict[int, d
 def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = False,
                     shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int = 1,
                     unit_bytes: int = DEFAULT_UNIT_BYTES) -> PreparedDataset:
-    """Tokenize the corpus of `cfg` into `out_dir`, or reuse it if it was already prepared from `cfg`.
-
-    Reuse is decided by the config fingerprint in the manifest; a complete dataset made from a
-    different config is never silently replaced (DataError). `overwrite=True` always rebuilds, which
-    is also the way to repair a damaged dataset. Run it on one process only (rank 0) in a
-    distributed job, and let the others `open_dataset` after a barrier.
-
-    The corpus is cut into work units of about `unit_bytes` of input (`plan_units`), tokenized by `workers`
-    processes into units/ and stitched in unit order, so the output is the same bytes for any `workers`.
-    Memory is bounded by a unit's encode batch per worker, not by the corpus. An interrupted prepare
-    resumes: finished units whose checksums verify are kept, the rest are tokenized again.
-    """
+    """Tokenize the corpus of `cfg` into `out_dir`, or reuse it if it was already prepared from `cfg` (a dataset of
+    another config is never silently replaced; `overwrite` rebuilds). Work units of about `unit_bytes`, tokenized
+    by `workers` processes and stitched in order: the same bytes for any `workers`; an interrupted prepare keeps
+    the finished units that verify. One process only (rank 0) in a distributed job."""
     if shard_tokens < 1:
         raise ConfigError(f"shard_tokens={shard_tokens} must be positive.")
     if workers < 1:
@@ -475,8 +464,7 @@ def prepare_dataset(cfg: DataConfig, out_dir: str | Path, *, overwrite: bool = F
         "dtype": token_dtype(tok.vocab_size).name,
         "splits": splits,
     }
-    # The manifest is the commit point: written only after every shard is on disk, and atomically,
-    # so a crash at any moment leaves either no manifest or a complete dataset.
+    # The manifest is the commit point: a crash at any moment leaves either no manifest or a complete dataset.
     tmp = out_dir / (MANIFEST + ".tmp")
     fsync_write(tmp, (json.dumps(manifest, indent=2) + "\n").encode())
     os.replace(tmp, out_dir / MANIFEST)
@@ -520,11 +508,9 @@ def _read_manifest(path: Path) -> dict:
 
 @dataclass
 class Batch:
-    """input_ids, targets: (B, T) int64, targets IGNORE_INDEX where a token is not trained on (outside
-    assistant turns / answers, or across isolated documents); plain_mask: (B, T) bool, True where the model
-    must use the plain token embedding (position 0 and every document start, see docs/method.md);
-    segment_ids: (B, T) int64 for datasets with isolated documents (one id per packed document, see
-    ``FullBandLM.forward``), else None."""
+    """input_ids, targets: (B, T) int64, targets IGNORE_INDEX where a token is not trained on; plain_mask: (B, T),
+    True at position 0 and every document start; segment_ids: one id per packed document where documents are
+    isolated (``FullBandLM.forward``), else None."""
 
     input_ids: torch.Tensor
     targets: torch.Tensor
@@ -548,14 +534,9 @@ def check_split_length(split: TokenSplit, seq_len: int) -> None:
 
 
 def make_batch(split: TokenSplit, starts: np.ndarray, seq_len: int) -> Batch:
-    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i].
-
-    Targets the split's loss mask excludes become IGNORE_INDEX. With isolated documents, a document is
-    trained on only in a window that holds all of it (or, if it is longer than a window, in the window
-    that starts with it): a window's first document, if the window starts inside it, lacks its beginning
-    (the conversation or prompt it answers) and its last, cut off, is trained whole in the next window.
-    Targets that cross into the next document are ignored too.
-    """
+    """The batch whose row i is the window of seq_len + 1 tokens beginning at token starts[i]. Targets the loss mask
+    excludes are IGNORE_INDEX, and with isolated documents those of a document the window does not hold whole
+    (unless it starts it: a document longer than a window) and those that cross into the next document."""
     rows = np.stack([split.tokens(int(s), int(s) + seq_len + 1) for s in starts]) if len(starts) else \
         np.zeros((0, seq_len + 1), dtype=np.int64)
     plain = np.zeros((len(starts), seq_len), dtype=bool)
@@ -602,11 +583,9 @@ class TokenSplit:
         return len(self.doc_starts)
 
     def window_starts(self, seq_len: int) -> np.ndarray:
-        """First tokens of the training windows (seq_len + 1 tokens each). Consecutive windows at stride
-        seq_len; with isolated documents, whole documents packed greedily: each window starts at a document
-        start and the next one at the first document this one cannot hold entirely (a document longer than
-        a window gets a window of its own, trained up to the window's end). Documents after the last window
-        that fits in the split are left out."""
+        """First tokens of the training windows (seq_len + 1 tokens each): at stride seq_len, or with isolated
+        documents, whole documents packed greedily, each window starting at the first document the previous one
+        cannot hold entirely."""
         check_split_length(self, seq_len)
         if not self.isolate:
             return np.arange((len(self) - 1) // seq_len, dtype=np.int64) * seq_len
@@ -624,10 +603,8 @@ class TokenSplit:
         return np.asarray(starts, dtype=np.int64)
 
     def cut_documents(self, seq_len: int) -> tuple[int, int, int]:
-        """What windows of seq_len + 1 tokens cut, with isolated documents: (documents longer than a window,
-        those of them with no trained target inside their window, the longest document's length). Such a
-        document is trained only up to its window's end (see make_batch), so a prompt/answer record whose
-        answer lies past the cut is never trained."""
+        """What windows of seq_len + 1 tokens cut, with isolated documents: (documents longer than a window, those of
+        them with no trained target inside their window, the longest document's length)."""
         if not self.isolate or not len(self.doc_starts):
             return 0, 0, 0
         lengths = np.diff(np.append(self.doc_starts, len(self)))
@@ -656,12 +633,8 @@ class TokenSplit:
 
     def eval_batches(self, seq_len: int, batch_size: int, max_batches: int | None = None,
                      rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
-        """Validation batches over sequential windows (window i starts at i*seq_len), no shuffling.
-
-        With several ranks, each batch of `batch_size` windows is shared out like in TokenLoader; the
-        last, partial batch is cut to a multiple of world_size so every rank runs the same number of
-        steps (collectives such as FSDP's stay in lockstep).
-        """
+        """Validation batches over the windows in order. With several ranks each batch is shared out as in
+        TokenLoader, the last cut to a multiple of world_size so every rank runs the same steps (FSDP's lockstep)."""
         check_split_length(self, seq_len)
         if batch_size < 1 or batch_size % world_size or not 0 <= rank < world_size:
             raise ConfigError(
@@ -714,8 +687,7 @@ class PreparedDataset:
 
 
 def open_dataset(path: str | Path, verify: bool = True) -> PreparedDataset:
-    """Open a prepared dataset, checking that every file is present with its recorded size and,
-    with `verify`, its recorded sha256 (reads every byte once)."""
+    """Open a prepared dataset, every file checked for its size and, with `verify`, its sha256."""
     path = Path(path)
     if not (path / MANIFEST).is_file():
         if path.is_dir() and (any(path.glob("*_[0-9][0-9][0-9].bin")) or (path / TOKENIZER_DIR).exists()):

@@ -52,11 +52,8 @@ def split_of(doc_id: str, val_fraction: float) -> str:
 
 
 def byte_cap(cfg: DataConfig, split: str) -> int | None:
-    """Bytes of text a split may use: max_train_bytes for train, the val_fraction share of it for val.
-
-    Synthetic val sets are never capped: their size is synthetic_val_examples, and they must stay
-    identical to `synthetic_val_set` so accuracy is measured on exactly the val split.
-    """
+    """Bytes of text a split may use: max_train_bytes for train, the val_fraction share of it for val. Synthetic
+    val sets are never capped: they must stay `synthetic_val_set`, on which accuracy is measured."""
     if cfg.max_train_bytes is None or (split == "val" and cfg.source.startswith("synthetic:")):
         return None
     if split == "train":
@@ -104,13 +101,9 @@ def document_bytes(doc: Document) -> int:
 
 def iter_documents(cfg: DataConfig, split: str, stats: SplitStats | None = None,
                    fmt: str | None = None) -> Iterator[tuple[str, Document]]:
-    """The (doc_id, document) pairs of one split, in a fixed order, capped by `max_train_bytes`.
-
-    Empty documents are dropped. The document that crosses the byte cap is cut at the cap (on a
-    character boundary; a synthetic example or a record is dropped instead, half an example teaches
-    nothing) and iteration stops there, so the result is deterministic. `stats`, if given, is filled
-    in as the iterator is consumed. `fmt`: the resolved data.format (default: `resolve_format(cfg)`).
-    """
+    """The non-empty (doc_id, document) pairs of one split, in a fixed order, up to `max_train_bytes`: the text that
+    crosses it is cut there (`cut_at_cap`), a record dropped. `stats` is filled in as the iterator is consumed;
+    `fmt`: the resolved data.format (default: `resolve_format(cfg)`)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}")
     fmt = fmt or resolve_format(cfg)

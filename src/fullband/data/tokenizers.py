@@ -133,13 +133,9 @@ _BYTE_SERIALIZED = b"fullband-byte-tokenizer-v1"
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. Needs no files.
-
-    With ``chat=True`` (the chat extension) <|im_start|>=259 and <|im_end|>=260 are added, and the
-    strings of all five special tokens are recognised in text, as a Hugging Face tokenizer does with
-    its special tokens (the chat template is rendered to text there). The plain byte tokenizer reads
-    every string as bytes.
-    """
+    """UTF-8 bytes are ids 0..255; <bos>=256, <eos>=257, <pad>=258. With ``chat=True`` <|im_start|>=259 and
+    <|im_end|>=260 are added and the five special tokens' strings are recognised in text, as a Hugging Face
+    tokenizer does; the plain byte tokenizer reads every string as bytes."""
 
     kind = "byte"
 
@@ -214,12 +210,9 @@ _HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 class HFTokenizer(Tokenizer):
-    """Any local Hugging Face tokenizer directory that contains tokenizer.json.
-
-    Special tokens come from tokenizer_config.json, then special_tokens_map.json. If no eos token is
-    named, the first of the common end-of-text tokens present in the vocabulary is used. A missing bos
-    falls back to eos (as in GPT-2, where <|endoftext|> plays both roles) and a missing pad to eos.
-    """
+    """Any local Hugging Face tokenizer directory that contains tokenizer.json. Special tokens come from
+    tokenizer_config.json, then special_tokens_map.json; without an eos, the first common end-of-text token in the
+    vocabulary; a missing bos or pad is eos (as in GPT-2)."""
 
     kind = "hf"
 

@@ -1,7 +1,5 @@
-"""Hugging Face interop (docs/huggingface.md): ``convert_from_hf`` imports a Llama-family checkpoint, ``export_hf``
-writes a ``trust_remote_code`` model, ``register`` registers ``model_type="fullband"`` in-process. ``transformers``
-is imported lazily (the ``hf`` extra); ``FullBandHFConfig``, ``FullBandForCausalLM`` and ``FullBandCache`` are
-attributes that import it."""
+"""Hugging Face interop (docs/huggingface.md). ``transformers`` (the ``hf`` extra) is imported lazily:
+``FullBandHFConfig``, ``FullBandForCausalLM`` and ``FullBandCache`` are attributes that import it."""
 
 from __future__ import annotations
 

@@ -300,21 +300,11 @@ def copy_tokenizer_files(src: Path, dst: Path) -> None:
         shutil.copyfile(src / name, dst / name)
 
 
-def convert_from_hf(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    dtype: torch.dtype | str | None = None,
-    gguf_file: str | None = None,
-) -> Path:
-    """Convert the local Hugging Face directory ``src`` (Llama, Qwen2, Qwen3 or Mistral; config.json +
-    safetensors, sharded or not) into the fullband model directory ``dst`` (config.json +
-    model.safetensors, tokenizer files under ``dst/tokenizer/``), ready for ``fullband train --init-from``.
-
-    ``gguf_file`` names a GGUF file inside ``src`` to convert instead (read and dequantized by transformers,
-    which needs the ``gguf`` package; its tokenizer and chat template come from the GGUF metadata).
-    ``dtype`` (e.g. "bfloat16") stores the weights in that dtype; by default float32.
-    Raises :class:`fullband.errors.ConfigError` for architectures or options fullband cannot represent.
-    """
+def convert_from_hf(src: str | os.PathLike, dst: str | os.PathLike, dtype: torch.dtype | str | None = None,
+                    gguf_file: str | None = None) -> Path:
+    """Convert the local Hugging Face directory ``src`` (Llama, Qwen2, Qwen3 or Mistral) into the fullband model
+    directory ``dst``, ready for ``fullband train --init-from``; ``gguf_file``: a GGUF file inside ``src`` instead
+    (dequantized by transformers). ``dtype``: the weights' (default float32)."""
     src, dst = Path(src), Path(dst)
     if not src.is_dir():
         raise CheckpointError(f"cannot import {src}: not a directory")

@@ -40,18 +40,11 @@ def export_weights(model: FullBandLM) -> dict[str, torch.Tensor]:
 
 
 def export_hf(
-    source: str | os.PathLike,
-    dst: str | os.PathLike,
-    decode_mode: str | None = None,
-    fused_passes: int | str | None = None,
-    fused_tol: float | None = None,
-    fused_max_passes: int | None = None,
+    source: str | os.PathLike, dst: str | os.PathLike, decode_mode: str | None = None,
+    fused_passes: int | str | None = None, fused_tol: float | None = None, fused_max_passes: int | None = None
 ) -> Path:
-    """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the
-    fullband model of ``source`` (a run directory, checkpoint or model directory): an HF config
-    (``model_type="fullband"``, ``auto_map``), safetensors weights, the modeling code and the tokenizer files of
-    the model's ``tokenizer/``. The model's stored decode settings, with the fields given here replaced, become
-    the defaults of ``generate()``."""
+    """Write ``dst`` so that ``AutoModelForCausalLM.from_pretrained(dst, trust_remote_code=True)`` loads the model of
+    ``source``; its stored decode settings, with the fields given here replaced, become ``generate()``'s defaults."""
     from transformers import GenerationConfig
 
     from fullband.hf.configuration_fullband import FullBandHFConfig

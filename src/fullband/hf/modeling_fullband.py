@@ -35,11 +35,8 @@ _CACHE_KEY = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ e
 
 
 class FullBandCache(Cache):
-    """fullband's preallocated :class:`KVCache` plus the carried top state and the decode mode.
-
-    The KV storage is allocated on the first forward (sized by ``max_length`` when ``generate`` knows it)
-    and grows by doubling if a forward would overflow it.
-    """
+    """fullband's :class:`KVCache` (allocated on the first forward, sized by ``max_length`` when ``generate`` knows
+    it, doubled when a forward would overflow it) plus the carried top state and the decode settings."""
 
     def __init__(
         self,
@@ -73,8 +70,6 @@ class FullBandCache(Cache):
             f"FullBandCache(decode_mode={self.decode_mode!r}, fused_passes={self.fused_passes}, "
             f"length={self.get_seq_length()}, batch_size={self.batch_size})"
         )
-
-    # ---- what transformers asks of a cache ----------------------------------------------------------
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0 if self.kv is None else self.kv.length
@@ -128,9 +123,8 @@ class FullBandCache(Cache):
             self.batch_select_indices(rows.repeat_interleave(repeats))
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Keep the first ``tokens_to_remove`` positions (negative: drop that many from the end), as
-        transformers' caches do. Only possible in standard mode: the carried top state of an earlier
-        step is not kept, so a latent-feedback cache cannot be rolled back."""
+        """Keep the first ``tokens_to_remove`` positions (negative: drop that many from the end), as transformers'
+        caches do; standard mode only, as the carried top state of an earlier step is not kept."""
         length = self.get_seq_length()
         keep = length + tokens_to_remove if tokens_to_remove < 0 else min(tokens_to_remove, length)
         if keep == length:
@@ -143,8 +137,6 @@ class FullBandCache(Cache):
         self.kv.truncate(max(keep, 0))
         if self.next_position is not None:
             self.next_position = self.next_position - (length - self.kv.length)
-
-    # ---- storage --------------------------------------------------------------------------------------
 
     def ensure_capacity(self, model: FullBandLM, batch_size: int, needed: int) -> KVCache:
         kv = self.kv
@@ -194,8 +186,6 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self) -> nn.Module | None:
         return self.model.lm_head  # None when tied: FullBandLM reuses the embedding matrix itself
 
-    # ---- forward ------------------------------------------------------------------------------------
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -215,10 +205,8 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
-        """Without a cache: one pass over the sequence ("standard"/"soft": the plain prefill), or in
-        "fused" mode the prefill plus ``fused_passes`` fused passes, returning the last pass's logits.
-        With a :class:`FullBandCache` (``use_cache=True``): an empty cache is prefilled in the cache's
-        decode mode (or ``decode_mode``); a filled one decodes the new tokens, fusing each with the
+        """Without a cache: the prefill of the decode settings (fused mode: with its fused passes). With a
+        :class:`FullBandCache`: an empty one is prefilled, a filled one decodes the new tokens, fusing each with the
         carried top state in soft/fused mode."""
         if inputs_embeds is not None:
             raise ValueError("fullband models take input_ids only (inputs_embeds is not supported)")
@@ -252,32 +240,19 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten().to(logits.device), ignore_index=-100
             )
         logits = logits[:, slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep]
-        out = CausalLMOutputWithPast(
-            loss=loss,
-            logits=logits,
-            hidden_states=(hidden,) if output_hidden_states else None,
-            **{_CACHE_KEY: cache if use_cache else None},
-        )
-        if return_dict is False:
-            return out.to_tuple()
-        return out
+        hidden_states = (hidden,) if output_hidden_states else None
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=hidden_states,
+                                     **{_CACHE_KEY: cache if use_cache else None})
+        return out.to_tuple() if return_dict is False else out
 
     def _fb_prefill(self, input_ids, attention_mask, position_ids, kv, settings: DecodeSettings):
-        """Plain pass, plus the settings' fused passes in fused mode (docs/method.md §6); padding and each
-        row's first position stay plain. With ``kv`` the cache of the last pass is kept. Returns logits, hidden
-        states and the (B,) fused passes each row ran."""
+        """``FullBandLM.prefill`` in the settings' mode (with ``kv``: into it): logits, hidden states and the (B,)
+        fused passes each row ran."""
         T = input_ids.shape[1]
         mask = None if attention_mask is None else attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
-        out = self.model.prefill(
-            input_ids,
-            settings.prefill_passes,
-            attention_mask=mask,
-            position_ids=position_ids,
-            past_key_values=kv,
-            use_cache=kv is not None,
-            fused_tol=settings.fused_tol,
-            fused_max_passes=settings.fused_max_passes,
-        )
+        out = self.model.prefill(input_ids, settings.prefill_passes, attention_mask=mask, position_ids=position_ids,
+                                 past_key_values=kv, use_cache=kv is not None, fused_tol=settings.fused_tol,
+                                 fused_max_passes=settings.fused_max_passes)
         return out.logits, out.hidden, out.fused_passes
 
     def _fb_cached_forward(self, cache, input_ids, attention_mask, position_ids, settings: DecodeSettings):
@@ -304,22 +279,17 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         else:
             if position_ids is None:
                 position_ids = torch.arange(start, start + T, device=input_ids.device).expand(B, T)
-            mask = None
-            if attention_mask is not None:
-                mask = attention_mask[:, -T:].to(device=input_ids.device, dtype=torch.bool)
+            mask = None if attention_mask is None else attention_mask[:, -T:].to(input_ids.device, torch.bool)
             if cache.decode_mode == "standard" or cache.state is None:
                 out = fb(input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=kv, use_cache=True)
-                logits, hidden = out.logits, out.hidden
             else:
                 # Soft/fused decoding: token t is fused with the top state of position t-1 (the recurrence).
                 out = fb.recurrence(input_ids, past_key_values=kv, attention_mask=mask, position_ids=position_ids,
                                     state=cache.state)
-                logits, hidden = out.logits, out.hidden
+            logits, hidden = out.logits, out.hidden
         cache.state = hidden[:, -1:]
         cache.next_position = position_ids[:, -1:] + 1
         return logits, hidden
-
-    # ---- generation -----------------------------------------------------------------------------------
 
     def generate(
         self,
@@ -331,11 +301,8 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         fused_max_passes: int | None = None,
         **kwargs,
     ) -> torch.LongTensor | ModelOutput:
-        """``transformers``' ``generate`` plus latent feedback: ``decode_mode`` ("standard", "soft" or
-        "fused"), ``fused_passes`` (an integer, "auto" for the adaptive prefill or "exact"), ``fused_tol`` and
-        ``fused_max_passes``; each defaults to the decode settings stored in ``config.json``.
-        Greedy search, sampling, ``num_return_sequences`` and beam search work in every mode; assisted
-        decoding only in standard mode (it rolls the cache back)."""
+        """``transformers``' ``generate`` plus the decode settings (default: those stored in ``config.json``); assisted
+        decoding works in standard mode only (it rolls the cache back)."""
         settings = self.config.decode_settings().with_overrides(
             mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
         mode = settings.mode

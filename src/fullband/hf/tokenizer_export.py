@@ -37,9 +37,8 @@ def _own_or_builtin_chat(tokenizer: Tokenizer | None) -> bool:
 
 
 def generation_ids(tokenizer: Tokenizer | None) -> dict[str, Any]:
-    """Entries for generation_config.json: bos/eos/pad ids of fullband's byte and BPE tokenizers, and for any
-    tokenizer with the built-in chat tokens an eos that includes <|im_end|>, so that generation stops at the
-    end of an assistant turn. Empty for other tokenizers (their own generation config applies)."""
+    """Entries for generation_config.json: bos/eos/pad ids of fullband's byte and BPE tokenizers, with <|im_end|>
+    among the eos ids where the tokenizer has the built-in chat tokens; empty for other tokenizers."""
     if not _own_or_builtin_chat(tokenizer):
         return {}
     eos: Any = tokenizer.eos_id

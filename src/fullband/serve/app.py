@@ -524,12 +524,7 @@ def _invalid_body(errors: list[dict[str, Any]]) -> APIError:
     return APIError(400, f"invalid request: {detail}", param=where)
 
 
-def create_app(
-    engine: Engine,
-    tokenizer: Tokenizer,
-    model_name: str,
-    decode: DecodeSettings | None = None,
-) -> FastAPI:
+def create_app(engine: Engine, tokenizer: Tokenizer, model_name: str, decode: DecodeSettings | None = None) -> FastAPI:
     """The API around ``engine``, which the app starts and stops with its lifespan. ``decode``: the settings of
     requests that do not give their own (default: those stored with the model); each fused pass is a full
     prefill that the running batch waits for, so its ``fused_max_passes`` bounds what one request may ask."""

@@ -115,11 +115,10 @@ def run_demo(out_dir: Path, quick: bool = False) -> dict:
 
 
 def run_state_tracking(out_dir: Path, quick: bool = False, seed: int = 0) -> dict:
-    """Final-answer parity (`parity 1101001 :` -> ` 0`) on the path a user runs: records written with
-    ``fullband.data.synthetic``, an FBT trained with ``fullband train --config state-tracking`` (the exact
-    recurrence over each record, with the paper's loss) and a standard transformer on the same batches of
-    1..8 bits, both graded by ``fullband bench`` on held-out prompts of 8 and 64 bits. ``seed``: the training
-    records, the initialisation and the batches (the test and validation rows stay the same)."""
+    """Final-answer parity (`parity 1101001 :` -> ` 0`) on the path a user runs: an FBT trained with ``fullband
+    train --config state-tracking`` and a standard transformer on the same batches of 1..8 bits, both graded by
+    ``fullband bench`` on held-out prompts of 8 and 64 bits. ``seed``: the training records, initialisation and
+    batches."""
     started = time.perf_counter()
     budget = PARITY_QUICK if quick else PARITY
     work = out_dir / "parity"
@@ -160,15 +159,10 @@ def run_state_tracking(out_dir: Path, quick: bool = False, seed: int = 0) -> dic
 
 def write_parity_data(out_dir: Path, budget: ParityBudget, val_rows: int, val_fraction: float,
                       seed: int) -> tuple[Path, dict[int, Path]]:
-    """The demo's parity records as `{"prompt", "answer"}` lines: ``train.jsonl`` for ``fullband train`` and
-    ``test_{n}bits.jsonl`` (``budget.test_rows`` rows) for ``fullband bench``, n in TEST_BITS.
-
-    The data pipeline puts a line of a .jsonl file in its validation split by a hash of the line's id
-    (``train.jsonl:LINE``, ``fullband.data.sources.split_of``): those lines carry ``val_rows`` rows of
-    TRAIN_BITS bits in turn (the trainer validates on its first ``eval.batches × eval.batch_size`` windows, one
-    such row each, so the kept model is the one that carries the state best over the longest trained length),
-    the other lines training records of 1..TRAIN_BITS bits (``seed``). No test prompt is a training or
-    validation prompt, and no validation prompt a training one."""
+    """The demo's parity records: ``train.jsonl`` for ``fullband train`` and ``test_{n}bits.jsonl`` for ``fullband
+    bench``. The lines the data pipeline's hash puts in the validation split carry ``val_rows`` rows of TRAIN_BITS
+    bits in turn (so the kept model is the one that carries the state best over the longest trained length), the
+    others training records of 1..TRAIN_BITS bits; no test or validation prompt is a training one."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tests, held_out = {}, set()
     for n in TEST_BITS:

@@ -133,9 +133,6 @@ def format_curve(curve: JacobiCurve) -> str:
     return "\n".join(lines)
 
 
-# ---- command line ---------------------------------------------------------------------------------
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("jacobi", help="loss and state change per fused pass, up to N passes (JSON + PNG)")
     add_validation_data_options(p, batches=2)

@@ -1,8 +1,6 @@
 """Writing training checkpoints (and reading back their optimizer and RNG state), full or DCP: written to a temporary
 directory and renamed into place, with a manifest of sizes and sha256 sums written last, so a half-written
-checkpoint is never mistaken for a whole one. The layout, and finding and verifying checkpoints and model
-directories, are in ``fullband.storage``.
-"""
+checkpoint is never mistaken for a whole one. Finding and verifying them is ``fullband.storage``'s."""
 
 from __future__ import annotations
 
@@ -31,7 +29,7 @@ from torch.distributed.checkpoint.state_dict import (
 from fullband.decoding import DecodeSettings
 from fullband.errors import CheckpointError
 from fullband.files import file_record, fsync_tree
-from fullband.model import WEIGHTS_NAME, write_weights
+from fullband.model import WEIGHTS_NAME
 from fullband.storage import (
     BEST,
     DCP_DIR,
@@ -44,30 +42,19 @@ from fullband.storage import (
     list_checkpoints,
     read_safetensors,
     single_process_dcp,
+    write_model_dir,
 )
 
 # The whole (unsharded) state on the CPU: what a full checkpoint or RUN/best holds.
 FULL_ON_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
-def write_checkpoint(
-    run_dir: Path,
-    step: int,
-    model_state: dict[str, torch.Tensor] | None,
-    model_config: Any,
-    decode: DecodeSettings,
-    tokenizer_dir: Path | None,
-    optimizer_state: Any,
-    trainer_state: dict[str, Any],
-    keep: int,
-    shards: dict[str, Any] | None = None,
-) -> Path:
-    """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones.
-
-    With ``shards`` = {"model": ..., "optimizer": ...}, this rank's own (possibly sharded) state, the checkpoint is
-    in DCP format (``model_state`` and ``optimizer_state`` None): every rank calls this and writes its own shards,
-    nothing is gathered; rank 0 seals the directory with the sha256 each rank computed of its own shards, once
-    every rank has written."""
+def write_checkpoint(run_dir: Path, step: int, model_state: dict[str, torch.Tensor] | None, model_config: Any,
+                     decode: DecodeSettings, tokenizer_dir: Path | None, optimizer_state: Any,
+                     trainer_state: dict[str, Any], keep: int, shards: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint ``step`` atomically and prune all but the ``keep`` newest ones. With ``shards`` (this rank's
+    {"model": ..., "optimizer": ...}) it is a DCP checkpoint: every rank writes and hashes its own shards, rank 0
+    seals the directory."""
     distributed = shards is not None and dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     root = RunDir(run_dir).checkpoints
@@ -107,17 +94,10 @@ def write_checkpoint(
 
 def _write_model_dir(tmp: Path, model_state: dict[str, torch.Tensor] | None, model_config: Any,
                      decode: DecodeSettings, tokenizer_dir: Path | None) -> None:
-    """A fresh ``tmp/model/``: weights (unless ``model_state`` is None: a DCP checkpoint's are in its shards),
-    config, decode settings and tokenizer."""
+    """A fresh ``tmp`` holding the model directory ``tmp/model/``."""
     if tmp.exists():
         shutil.rmtree(tmp)
-    (tmp / "model").mkdir(parents=True)
-    if model_state is not None:
-        write_weights(model_state, tmp / "model")
-    model_config.save(tmp / "model" / "config.json")
-    decode.save(tmp / "model")
-    if tokenizer_dir is not None:
-        shutil.copytree(tokenizer_dir, tmp / "model" / "tokenizer")
+    write_model_dir(tmp / MODEL_KEY, model_state, model_config, decode, tokenizer_dir)
 
 
 def _seal(tmp: Path, step: int, known: dict[str, dict[str, Any]] | None = None, fmt: str = "full") -> None:
@@ -180,10 +160,8 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 
 @dataclass
 class CheckpointManager:
-    """A run's checkpoints as the trainer uses them: ``save`` one at a step (the whole state from rank 0, or each
-    rank's DCP shards), ``save_best`` the kept model, and ``resume`` the newest valid one into a model and its
-    optimizers, whatever the world size and sharding that wrote it. Every rank calls each method (the state dicts
-    are collectives under FSDP); only rank 0 writes whole files."""
+    """A run's checkpoints as the trainer uses them, whatever the world size and sharding that wrote them. Every rank
+    calls each method (the state dicts are collectives under FSDP); only rank 0 writes whole files."""
 
     out_dir: Path
     format: str  # "full" or "dcp": the format written; either is read
@@ -263,9 +241,8 @@ class CheckpointManager:
 
     @staticmethod
     def _read_dcp_state(model: nn.Module, optimizers: list, checkpoint: Path) -> tuple[dict, dict, set[str]]:
-        """The model and optimizer state of a DCP checkpoint, read into this run's sharding (any world size:
-        DCP reads each rank's pieces from whichever shards hold them), and the names of the parameters that
-        have optimizer state in it."""
+        """The model and optimizer state of a DCP checkpoint, read into this run's sharding, and the names of the
+        parameters that have optimizer state in it."""
         shards = checkpoint / DCP_DIR
         model_state, optimizer_state = get_state_dict(model, optimizers)
         entries = FileSystemReader(str(shards)).read_metadata().state_dict_metadata

@@ -1,6 +1,5 @@
-"""Starting a run from another model's weights (``--init-from``): the model's config (the source's, with this run's
-feedback fields where the fusion starts fresh), what happens to the fusion weights, and a vocabulary that the
-fine-tuning tokenizer extends (fullband's chat tokens)."""
+"""Starting a run from another model's weights (``--init-from``): its config, its fusion weights kept or fresh, and
+a vocabulary that the fine-tuning tokenizer extends (fullband's chat tokens)."""
 
 from __future__ import annotations
 
@@ -16,22 +15,16 @@ from fullband.errors import CheckpointError, ConfigError, DataError, FullbandErr
 from fullband.model import FullBandConfig, FullBandLM
 from fullband.storage import ModelDir
 
-INIT_FUSION_CHOICES = ("auto", "keep", "reset")
-
 
 def keeps_fusion(choice: str, model_dir: ModelDir) -> bool:
-    """train.init_fusion: "keep" the source's fusion weights (fine-tuning an FBT, e.g. instruction tuning),
-    "reset" them (mid-training a standard checkpoint: the paper introduces feedback late), or "auto":
-    keep them if the source was trained with feedback (its stored decode settings are not standard)."""
-    if choice not in INIT_FUSION_CHOICES:
-        raise ConfigError(f"train.init_fusion={choice!r}: allowed values are {', '.join(INIT_FUSION_CHOICES)}")
+    """Whether train.init_fusion (checked by the config) keeps the source's fusion weights: "keep", or "auto" where
+    the source was trained with feedback (its stored decode settings are not standard)."""
     return choice == "keep" or (choice == "auto" and model_dir.decode.mode != "standard")
 
 
 def grow_vocabulary(state: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
-    """Embedding (and untied output) rows for tokens the source model does not have, e.g. chat tokens added
-    for instruction tuning: each new row is the mean of the existing rows, so a new token starts as an
-    average token instead of a random direction the tied output layer would favour or ignore arbitrarily."""
+    """Embedding (and untied output) rows for tokens the source model does not have (chat tokens): each the mean of
+    the existing rows, so a new token starts as an average token, not a random direction."""
     grown = dict(state)
     for name in ("embed.weight", "lm_head.weight"):
         weight = state.get(name)

@@ -73,21 +73,12 @@ def multipass_loss(
     segment_ids: torch.Tensor | None = None,
     grad_passes: int | None = None,
 ) -> ObjectiveOutput:
-    """The loss of ``passes`` passes of ``model`` over ``input_ids`` against ``labels`` (B, T).
-
-    ``plain_mask``, ``bos_token_id``, ``jitter``, ``prefix_mixin``, ``generator``, ``segment_ids``, ``grad_passes``
-    and ``detach`` shape the passes as in ``FullBandLM.iterate_passes``. Each pass's next-token loss is the mean
-    cross-entropy over the labels that are not ``ignore_index``, in float32 at least; a batch with no such label
-    contributes 0, not NaN.
-    ``pass_loss`` and ``later_pass_weight`` (λ) weight the passes (``pass_weight``); a pass of weight 0 is
-    reported, not backpropagated. ``z_loss`` adds z_loss·mean(logsumexp²) over the valid labels, averaged
-    over the passes. ``backward_scale`` (needs ``detach``): backpropagate ``backward_scale`` × each pass's
-    term right after that pass, freeing its graph, so memory holds one pass instead of K; the returned
-    loss is then detached. Passes run under no_grad (``grad_passes``) still count in ``loss``.
-    ``label_count``: the number of labels the mean divides by, this batch's own by default; the trainer passes the
-    whole step's (every micro-batch on every rank), so that summing the micro-batches' losses gives the step's mean
-    over its labels however they are split.
-    """
+    """The loss of ``passes`` passes of ``model`` over ``input_ids`` against ``labels`` (B, T); the passes are shaped
+    as in ``FullBandLM.iterate_passes`` and weighted by ``pass_weight`` (a pass of weight 0 is reported, not
+    backpropagated). ``z_loss`` adds z_loss·mean(logsumexp²), averaged over the passes. ``backward_scale`` (needs
+    ``detach``): backpropagate each pass's term right after it, so memory holds one pass instead of K; the returned
+    loss is then detached. ``label_count``: what the means divide by (default: this batch's labels); the trainer
+    passes the whole step's, so the micro-batches' losses sum to the step's mean however they are split."""
     weights = [pass_weight(k, passes, pass_loss, later_pass_weight) for k in range(passes)]  # checks pass_loss
     if backward_scale is not None and not detach:
         raise ValueError("backward_scale needs detach=True (without detach, passes share one graph)")
@@ -98,8 +89,7 @@ def multipass_loss(
     for weight, step in zip(weights, steps):
         term, pass_ce = _pass_term(step.logits, labels, weight, z_loss / passes, ignore_index, label_count)
         if backward_scale is not None and term.requires_grad:
-            # With detached states, pass k's graph is not needed after its own loss term: backpropagate and
-            # free it now, before the next pass is built.
+            # With detached states, pass k's graph is not needed after its own term: free it before the next pass.
             (backward_scale * term).backward()
             term, pass_ce = term.detach(), pass_ce.detach()
         del step  # hold no pass's outputs while the next pass runs
@@ -142,13 +132,9 @@ def sequential_loss(
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
     label_count: torch.Tensor | None = None,
 ) -> ObjectiveOutput:
-    """The next-token loss of the exact recurrence, computed token by token (``FullBandLM.recurrence``):
-    with jitter 0, the loss and gradients of ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest
-    document, at the FLOPs of one pass. The plain positions are those of ``iterate_passes`` (``plain_mask``,
-    ``bos_token_id``, document starts of ``segment_ids``, a ``prefix_mixin`` prefix drawn from ``generator``
-    as a K >= 2 Jacobi step draws it). ``z_loss`` adds z_loss·mean(logsumexp²) of this one pass (the Jacobi
-    objective averages it over all K passes, so with z-loss the two differ). ``pass_losses`` holds the one
-    pass's loss. ``label_count`` as in ``multipass_loss``."""
+    """The next-token loss of the exact recurrence, token by token: with jitter 0, the loss and gradients of
+    ``multipass_loss`` with ``pass_loss="last"`` and K >= the longest document, at the FLOPs of one pass (its
+    z-loss is this one pass's, where the Jacobi objective averages over K). The arguments are ``multipass_loss``'s."""
     plain = plain_positions(input_ids, plain_mask, bos_token_id, segment_ids, prefix_mixin, generator)
     logits = model.recurrence(input_ids, plain, segment_ids=segment_ids).logits
     term, pass_ce = _pass_term(logits, labels, 1.0, z_loss, ignore_index, label_count)

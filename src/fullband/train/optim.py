@@ -11,9 +11,8 @@ from fullband.config import TrainConfig
 
 
 def build_optimizers(model: nn.Module, cfg: TrainConfig) -> list[torch.optim.Optimizer]:
-    """AdamW for everything, or Muon for the 2-D matrices inside the blocks and the fusion (the
-    paper uses NorMuon there) with AdamW for embeddings and norms. Weight decay applies to matrices
-    only. Each param group records its peak lr in ``initial_lr`` for the schedule."""
+    """AdamW for everything, or Muon for the 2-D matrices of the blocks and the fusion and AdamW for the rest; weight
+    decay on matrices only. Each param group records its peak lr in ``initial_lr`` for the schedule."""
     matrices, others = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:

@@ -1,10 +1,7 @@
-"""Setting up and tearing down torch.distributed so that no collective's worker thread outlives Python.
-
-Why: a gloo worker thread that frees a finished collective while the interpreter finalizes aborts the process
-(SIGABRT, "terminate called without an active exception") after a run that otherwise finished.
-``destroy_process_group`` prevents it only if the group is really destroyed (its destructor joins the threads), and
-two references keep it alive: the ``group=group.WORLD`` default arguments of ``torch.distributed.nn`` (imported by
-any torch optimizer through ``torch._dynamo``), and the device meshes FSDP2's DTensors cache, which hold the group."""
+"""Setting up and tearing down torch.distributed so that no collective's worker thread outlives Python: one that
+frees a finished collective while the interpreter finalizes aborts the process (SIGABRT). ``destroy_process_group``
+prevents it only if no reference keeps the group alive: ``torch.distributed.nn``'s ``group=group.WORLD`` default
+arguments and the device meshes FSDP2's DTensors cache."""
 
 from __future__ import annotations
 
@@ -21,9 +18,8 @@ def prepare_process_group() -> None:
 
 
 def destroy_process_groups() -> None:
-    """Release torch's cached references to device meshes, collect reference cycles (DDP and FSDP
-    objects), then destroy every process group. With no reference left, each group's destructor joins
-    its worker threads now rather than during interpreter shutdown."""
+    """Release torch's cached references to device meshes, collect reference cycles, then destroy every process
+    group, so that each group's destructor joins its worker threads now."""
     _clear_dtensor_caches()
     gc.collect()
     _release_mesh_groups()

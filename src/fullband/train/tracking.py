@@ -100,9 +100,8 @@ class WandbSink(ScalarSink):
 
 
 class RunLog:
-    """Where one run's records go on this rank: nowhere but on rank 0, where each step's record goes to metrics.jsonl
-    as is (non-finite values as null, since strict JSON readers reject NaN), each evaluation's to eval.jsonl, and
-    both to every scalar sink."""
+    """Where one run's records go on this rank (nowhere but on rank 0): metrics.jsonl (non-finite values as null),
+    eval.jsonl and every scalar sink."""
 
     def __init__(self, out_dir: Path | None = None):
         self.out_dir, self.sinks = out_dir, []

@@ -84,14 +84,8 @@ def _row_seed(seed: int, step: int, micro: int, row: int) -> int:
 
 
 class Trainer:
-    def __init__(
-        self,
-        config: RunConfig,
-        out_dir: str | os.PathLike,
-        data_dir: str | os.PathLike | None = None,
-        resume: bool = False,
-        init_from: str | os.PathLike | ModelDir | None = None,
-    ):
+    def __init__(self, config: RunConfig, out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None,
+                 resume: bool = False, init_from: str | os.PathLike | ModelDir | None = None):
         self.cfg = config
         self.out_dir = Path(out_dir)
         self.data_dir = Path(data_dir) if data_dir else self.out_dir / "data"
@@ -375,9 +369,7 @@ class Trainer:
         return self._result(state, final_eval, self.best)
 
     def train_step(self) -> dict[str, Any]:
-        """One optimizer step: draw the step's windows, pick K, set the learning rate, run every micro-batch's
-        forward and backward, clip, then step (or skip a step whose loss or gradient is not finite) and advance
-        the counters. Returns the step's metrics.jsonl record, timing aside."""
+        """One optimizer step (skipped where the loss or gradient is not finite); its metrics.jsonl record."""
         t, state = self.train_cfg, self.state
         step = state.step
         # Every micro-batch's windows are drawn first: an exact step's K must fit all of them. Each rank sees the
@@ -419,13 +411,9 @@ class Trainer:
         self, batch: Batch, passes: int, z_loss: float, generators: list[torch.Generator] | None, sync: bool,
         label_count: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One micro-batch through the objective: forward and backward (pass by pass when detached passes are
-        backpropagated one at a time). Its losses are sums over its labels divided by ``label_count``, the step's
-        labels on every rank (default: this micro-batch's own), and are backpropagated × world size, since DDP and
-        FSDP average gradients over ranks: the step's gradient is then that of its mean over all its labels, however
-        they fall on micro-batches and ranks. DDP synchronises gradients only when ``sync`` (the step's last
-        micro-batch). Returns [loss, pass 1 loss, ..., pass K loss] (sequential exact mode: [loss, the exact
-        recurrence's loss]), detached, float64."""
+        """One micro-batch's forward and backward. Its losses are divided by ``label_count`` (the step's labels on
+        every rank) and backpropagated × world size, as DDP and FSDP average over ranks: the step's gradient is that
+        of its mean over all its labels. DDP synchronises only when ``sync``. Returns [loss, pass losses...]."""
         no_sync = not sync and hasattr(self.objective, "no_sync")
         with self.objective.no_sync() if no_sync else contextlib.nullcontext():
             with self.autocast:
@@ -485,12 +473,8 @@ class Trainer:
         self.checkpoints.save(self.model, self.optimizers, state)
 
     def _finished_run(self) -> TrainResult | None:
-        """The summary of a run that already trained its whole token budget and evaluated at its end, else None.
-
-        Resuming such a run must change nothing: evaluating again would append a duplicate line to
-        eval.jsonl. A run whose final evaluation was interrupted (checkpoint written, no eval line) is
-        not finished: resuming it evaluates once.
-        """
+        """The summary of a run that already trained its whole token budget and evaluated at its end, else None:
+        resuming it changes nothing (one whose final evaluation was interrupted is not finished)."""
         total_steps = self.total_steps
         checkpoint = RunDir(self.out_dir).checkpoints / f"{CHECKPOINT_PREFIX}{total_steps:08d}"
         evals = self.out_dir / EVALS
@@ -542,12 +526,7 @@ class Trainer:
         return tqdm(total=total_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, file=sys.stderr)
 
 
-def train(
-    config: RunConfig,
-    out_dir: str | os.PathLike,
-    data_dir: str | os.PathLike | None = None,
-    resume: bool = False,
-    init_from: str | os.PathLike | ModelDir | None = None,
-) -> TrainResult:
+def train(config: RunConfig, out_dir: str | os.PathLike, data_dir: str | os.PathLike | None = None,
+          resume: bool = False, init_from: str | os.PathLike | ModelDir | None = None) -> TrainResult:
     """Train (or resume, or mid-train from ``init_from``) and return a summary."""
     return Trainer(config, out_dir, data_dir, resume, init_from).run()

@@ -1,6 +1,5 @@
-"""Validation during training and the kept model (``train.keep_best``): the evaluation every ``train.eval_every``
-steps and at the end (``fullband.eval.evaluate``, logged to eval.jsonl), and RUN/best rewritten whenever the chosen
-validation loss is the lowest so far."""
+"""Validation during training (every ``train.eval_every`` steps and at the end, logged to eval.jsonl) and the kept
+model (``train.keep_best``), rewritten whenever the chosen validation loss is the lowest so far."""
 
 from __future__ import annotations
 

@@ -41,10 +41,8 @@ def served_settings(hf_config) -> DecodeSettings:
 
 
 class EngineConfigForDecodeMode:
-    """vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``): in a feedback mode a token's input depends on
-    the top state of the position before it, so the engine must hand the model whole prompts and the generated
-    tokens one by one. Chunked prefill and prefix caching are turned off (a chunk or a cached prefix would start a
-    prompt part-way, where the model cannot tell a prompt token from a generated one), and the scheduler keeps a
+    """vLLM's per-architecture config hook: in a feedback mode a token's input depends on the top state before it,
+    so chunked prefill and prefix caching are off (they would start a prompt part-way) and the scheduler keeps a
     preempted request's replay exact (``fullband.vllm.scheduler``)."""
 
     @staticmethod

@@ -1,7 +1,6 @@
 """A fullband transformer as a vLLM model: vLLM's attention, paged KV cache, weight loading and sampler around
-fullband's own fusion, RMSNorm and RoPE, so the exported weights load under their own names. In soft and fused modes
-the top state a generated token is fused with rides in a per-request state slot (``FeedbackState``, a Mamba-style
-layer vLLM allocates and frees with the request); the decode modes are described in docs/serving.md."""
+fullband's own fusion, RMSNorm and RoPE. In soft and fused modes the top state a token is fused with rides in a
+per-request state slot (``FeedbackState``, a Mamba-style layer vLLM allocates and frees with the request)."""
 
 from __future__ import annotations
 
@@ -140,9 +139,8 @@ class FullBandModel(nn.Module):
 
 
 class FeedbackState(MambaBase):
-    """The top state each request carries to its next token, in a state slot vLLM manages like a Mamba layer's
-    (allocated when the request is scheduled, freed when it finishes, is aborted or preempted). ``run`` applies
-    the decode mode's rules around the stack."""
+    """The top state each request carries to its next token, in a state slot vLLM manages like a Mamba layer's;
+    ``run`` applies the decode mode's rules around the stack."""
 
     def __init__(self, d_model: int, dtype: torch.dtype, fused_passes: int, prefix: str):
         super().__init__()
@@ -239,8 +237,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
                                           0 if passes == EXACT else passes,
                                           maybe_prefix(prefix, f"model.layers.{self.config.n_layers}.feedback_state"))
 
-    # ---- the per-request state, for vLLM's allocator ------------------------------------------------------
-
     @classmethod
     def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig) -> tuple[tuple[int, int]]:
         return ((1, vllm_config.model_config.hf_config.hidden_size),)
@@ -252,8 +248,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
     @classmethod
     def get_mamba_state_copy_func(cls):
         return (get_conv_copy_spec,)
-
-    # ---- the forward ----------------------------------------------------------------------------------------
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed(input_ids)
@@ -267,8 +261,6 @@ class FullBandForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
-
-    # ---- weights: the export's names ------------------------------------------------------------------------
 
     _STACKED = (  # (export name part, vLLM parameter part, shard)
         (".attn.q_proj.", ".attn.qkv_proj.", "q"),
