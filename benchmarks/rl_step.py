@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-tokens", type=int, default=16, help="sampled tokens per rollout (default 16)")
     p.add_argument("--modes", default=",".join(MODES), help=f"rollout decode modes (default {','.join(MODES)})")
     p.add_argument("--out", type=Path, default=None, help="JSON record (default benchmarks/results/rl_step.json)")
+    p.add_argument("--rollouts-only", action="store_true",
+                   help="time the rollouts alone, both engines interleaved in one process (a step's scoring with "
+                        "gradients holds every rollout's logits at once: SmolLM2 at 256 rollouts needs > 16 GiB)")
     args = p.parse_args(argv)
     device, dtype, sync = setup_device(args, p)
     row_counts = [int(r) for r in (args.rows or ("16" if args.quick else "64,256")).split(",")]
@@ -118,6 +121,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     results = {}
     model_name = "SmolLM2-135M-Instruct" if args.smollm2 else f"preset {args.preset} (random weights)"
+    if args.rollouts_only:
+        return rollouts_only(args, device, dtype, sync, row_counts, repeats, out, command, machine, model_name)
     print(f"{model_name}; rollouts in groups of {args.group}, prompt {args.prompt_len} tokens + {args.new_tokens} "
           f"sampled; medians of {repeats} repetitions, seconds\n")
     print("| mode | engine | rollouts | sync | rollout | rollout tok/s | scoring (no grad) | scoring (grad) + loss | "
@@ -189,6 +194,59 @@ def run_case(args, root: Path, device, dtype, sync, label: str, engine: str, row
     median = {k: statistics.median(v) for k, v in parts.items()}
     return {"seconds": parts, "median": median, "step_median": sum(median[k] for k in STEP_PARTS),
             "rollout_tokens_per_s": rows * args.new_tokens / median["rollout"]}
+
+
+def rollouts_only(args, device, dtype, sync, row_counts, repeats, out, command, machine, model_name) -> dict:
+    """Rollout tokens/s of fullband's ``generate`` and of vLLM (weights loaded first, as each RL step does) on the
+    same model and prompts, alternating engine by engine within each repetition (the order swapped every
+    repetition) so that machine noise hits both; the vLLM/fullband ratio is paired within a repetition."""
+    from fullband.vllm.rollouts import VLLMRollouts
+
+    print(f"{model_name}; rollouts in groups of {args.group}, prompt {args.prompt_len} tokens + {args.new_tokens} "
+          f"sampled; {repeats} interleaved repetitions\n")
+    print("| mode | rollouts | fullband tok/s, median [min–max] | vLLM tok/s (sampling), median [min–max] | "
+          "vLLM weight sync s | vLLM / fullband, median [min–max] |")
+    print("|---" * 6 + "|")
+    results = {}
+    with tempfile.TemporaryDirectory() as root:
+        for label in args.modes.split(","):
+            model, saved = starting_model(args, Path(root), device, dtype)
+            decode = DecodeSettings.of(model).with_label(label)
+            vllm = VLLMRollouts(model, saved, Path(root) / f"vllm_policy_{label}", decode)
+            try:
+                for rows in row_counts:
+                    g = torch.Generator().manual_seed(1)
+                    prompts = [torch.randint(0, model.config.vocab_size, (args.prompt_len,), generator=g).tolist()
+                               for _ in range(rows // args.group)]
+                    prompts = [p for p in prompts for _ in range(args.group)]
+                    vllm.load_policy(model, -1)
+                    vllm.sample(prompts, args.new_tokens, 1.0, [], range(len(prompts)))  # untimed warm-up
+                    seconds = {"fullband": [], "vllm": [], "sync": []}
+                    for rep in range(repeats):
+                        for engine in (("fullband", "vllm") if rep % 2 == 0 else ("vllm", "fullband")):
+                            if engine == "fullband":
+                                with torch.no_grad():
+                                    elapsed, _ = timed(sync, generate, model, prompts, args.new_tokens,
+                                                       decode=decode, temperature=1.0, seed=rep)
+                            else:
+                                seconds["sync"].append(timed(sync, vllm.load_policy, model, rep)[0])
+                                seeds = [rep * len(prompts) + i for i in range(len(prompts))]
+                                elapsed, _ = timed(sync, vllm.sample, prompts, args.new_tokens, 1.0, [], seeds)
+                            seconds[engine].append(elapsed)
+                    tokens = rows * args.new_tokens
+                    rates = {e: [tokens / t for t in seconds[e]] for e in ("fullband", "vllm")}
+                    ratios = [f / v for f, v in zip(seconds["fullband"], seconds["vllm"])]
+                    results[f"{label}/{rows}"] = {"seconds": seconds, "tokens": tokens, "ratio_vllm_over_fullband":
+                                                  ratios}
+                    cells = [f"{statistics.median(x):.0f} [{min(x):.0f}–{max(x):.0f}]" for x in rates.values()]
+                    print(f"| {label} | {rows} | {' | '.join(cells)} | {statistics.median(seconds['sync']):.2f} | "
+                          f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] |", flush=True)
+            finally:
+                vllm.close()
+    record = {"benchmark": "rl_step_rollouts", "command": command, "machine": machine, "model": model_name,
+              "rows": row_counts, "group": args.group, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+              "repeats": repeats, "results": results}
+    return write_record(out, record)
 
 
 if __name__ == "__main__":
