@@ -36,8 +36,17 @@ from fullband.rl import (
     rollout_logprobs,
 )
 from fullband.rl.cli import config_path
-from fullband.rl.grpo import pad_rows
-from fullband.rl.trainer import RLTrainer, build_rl_config, lr_multiplier, run_rl
+from fullband.rl.grpo import AGGREGATIONS, importance_weights, pad_rows
+from fullband.rl.trainer import (
+    SAMPLING_METRICS,
+    RLTrainer,
+    build_rl_config,
+    lr_multiplier,
+    micro_batches,
+    resumed_config,
+    run_rl,
+    save_config,
+)
 from fullband.sampling import SamplingParams, sample_rows
 from fullband.storage import read_safetensors
 from fullband.train.checkpoint import read_checkpoint
@@ -330,6 +339,54 @@ def test_loss_equals_trl(aggregation, loss_type, beta):
     assert torch.allclose(ours_grad, theirs_grad, atol=1e-12)
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+@pytest.mark.parametrize("correction", ["none", "token_truncate", "sequence_mask"])
+def test_micro_batch_losses_add_up_to_the_batch_loss(aggregation, correction):
+    """grpo_loss's normalizer (rl.micro_batch): 8 ragged rollouts in micro-batches of 3, each loss its share of the
+    batch's, backpropagated one after the other, give the whole batch's loss and gradient to 1e-12 (float64), and
+    the token-weighted means of their metrics the batch's; with the KL term, both clips and importance weights."""
+    torch.manual_seed(0)
+    model = make_model(seed=8, dtype=torch.float64)
+    (prompts, completions), more = ragged_rows(seed=1), ragged_rows(seed=2)
+    prompts, completions = prompts + more[0], completions + more[1]
+    rows = rollout_logprobs(model, prompts, completions)
+    old = [r.detach() + 0.3 * torch.randn_like(r) for r in rows]
+    ref = [r.detach() + 0.2 * torch.randn_like(r) for r in rows]
+    sampling = [o + 0.3 * torch.randn_like(o) for o in old]
+    advantages = torch.randn(len(rows), dtype=torch.float64)
+    settings = dict(clip_low=0.2, clip_high=0.28, kl_coef=0.1, aggregation=aggregation)
+
+    def weights(part: slice) -> torch.Tensor | None:
+        return None if correction == "none" else importance_weights(old[part], sampling[part], correction)
+
+    whole = grpo_loss(rows, old, advantages, ref, is_weights=weights(slice(None)), **settings)
+    whole.loss.backward()
+    whole_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    tokens = sum(map(len, completions))
+    normalizer = len(rows) if aggregation == "sequence" else tokens
+    loss = kl = clipped = ratio = 0.0
+    for part in micro_batches(len(rows), 3):
+        chunk = grpo_loss(rollout_logprobs(model, prompts[part], completions[part]), old[part], advantages[part],
+                          ref[part], is_weights=weights(part), normalizer=normalizer, **settings)
+        chunk.loss.backward()
+        share = sum(map(len, completions[part])) / tokens
+        loss, kl = loss + float(chunk.loss.detach()), kl + chunk.kl * share
+        clipped, ratio = clipped + chunk.clip_fraction * share, ratio + chunk.ratio_mean * share
+    assert [len(completions[part]) for part in micro_batches(len(rows), 3)] == [3, 3, 2]
+    assert whole.clip_fraction > 0 and whole.kl > 0
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == whole_grads.keys()
+    assert max(float((grads[name] - g).abs().max()) for name, g in whole_grads.items()) < 1e-12
+    assert max(float(g.abs().max()) for g in whole_grads.values()) > 1e-3
+    assert loss == pytest.approx(float(whole.loss.detach()), abs=1e-12) and kl == pytest.approx(whole.kl, abs=1e-12)
+    assert clipped == pytest.approx(whole.clip_fraction, abs=1e-12)
+    assert ratio == pytest.approx(whole.ratio_mean, abs=1e-12)
+    # Without a normalizer the loss is the batch's own: a micro-batch of all the rollouts is the batch.
+    alone = grpo_loss(rows, old, advantages, ref, is_weights=weights(slice(None)), normalizer=normalizer, **settings)
+    assert float(alone.loss.detach()) == pytest.approx(float(whole.loss.detach()), abs=1e-12)
+
+
 # ---- the trainer and the command line ---------------------------------------------------------------
 
 
@@ -549,6 +606,77 @@ def test_masked_truncated_rollouts_leave_the_loss(soft_model_dir, records, tmp_p
         assert record["truncated_fraction"] == 1.0 and record["skipped"] is skipped
 
 
+@pytest.fixture(scope="module")
+def float64_model_dir(tmp_path_factory) -> Path:
+    """A tiny byte-level FBT in float64 with a strong gate, for the trainer's exactness tests."""
+    torch.manual_seed(0)
+    model = FullBandLM(FullBandConfig(vocab_size=ByteTokenizer().vocab_size, d_model=16, n_layers=1, n_heads=2,
+                                      d_ff=32, max_seq_len=40, gate_init_std=1.0)).to(torch.float64)
+    path = tmp_path_factory.mktemp("rl64") / "model"
+    model.save_pretrained(path)
+    ByteTokenizer().save(path / "tokenizer")
+    return path
+
+
+# 8 rollouts of 1 to 3 tokens: "" is the end token alone, None 3 tokens cut at the cap. Both groups have a signal
+# under ByteSumParity (rewards 1, 0, 0, 1 and 0, 1, 0, 1).
+RAGGED_TEXTS = ["1", None, "", "ab", None, "7", "", "xy"]
+
+
+class ReplayedSampler:
+    """A stand-in for rl.rollout_engine vllm's engine: RAGGED_TEXTS, with sampler log-probabilities that are the
+    trainer's own plus seeded noise, so that the importance weights are not 1 (and some are capped)."""
+
+    def __init__(self, trainer: RLTrainer):
+        self.trainer = trainer
+
+    def load_policy(self, model, step):
+        pass
+
+    def sample(self, prompts, max_new_tokens, temperature, stop, seeds):
+        tok = self.trainer.tokenizer
+        rows = [list(tok.encode(t)) + [tok.eos_id] if t is not None else list(tok.encode("x1y")) for t in RAGGED_TEXTS]
+        with torch.no_grad():
+            scored = rollout_logprobs(self.trainer.model, prompts, rows, self.trainer.decode, temperature)
+        noise = torch.Generator().manual_seed(seeds[0] % 2**31)
+        return rows, [s + 0.4 * torch.randn(len(s), generator=noise, dtype=s.dtype) for s in scored]
+
+
+@pytest.mark.parametrize("mode,aggregation,correction", [("standard", "sequence", "none"), ("fused:2", "token", "none"),
+                                                         ("soft", "token", "token_truncate"),
+                                                         ("fused:2", "sequence", "sequence_mask")])
+def test_micro_batches_train_as_the_whole_batch(float64_model_dir, records, tmp_path, monkeypatch, mode, aggregation,
+                                                correction):
+    """rl.micro_batch 3 against 0 (all 8 ragged rollouts at once), float64: after two steps of two updates each (old
+    log-probabilities, the KL reference, AdamW's moments, the grad clip all in play) the same weights and the same
+    metrics to 1e-10, importance weights and the sampler's mismatch metrics included."""
+    engine = dict(rollout_engine="vllm", is_correction=correction) if correction != "none" else {}
+    runs = []
+    for micro_batch in (0, 3):
+        cfg = rl_config(float64_model_dir, records, decode_mode=mode, loss_aggregation=aggregation, kl_coef=0.1,
+                        updates_per_step=2, clip_high=0.28, lr=0.05, micro_batch=micro_batch, **engine)
+        trainer = RLTrainer(cfg, tmp_path / str(micro_batch), reward=ByteSumParity())
+        if engine:
+            trainer.vllm = ReplayedSampler(trainer)
+        else:
+            fixed_rollouts(monkeypatch, trainer, RAGGED_TEXTS)
+        records_ = [trainer.train_step(step) for step in range(2)]
+        runs.append((records_, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+    (whole, whole_weights), (micro, micro_weights) = runs
+    assert next(iter(whole_weights.values())).dtype == torch.float64
+    assert max(float((whole_weights[k] - micro_weights[k]).abs().max()) for k in whole_weights) < 1e-10
+    start = read_safetensors(float64_model_dir / "model.safetensors")
+    assert max(float((whole_weights[k] - start[k]).abs().max()) for k in start) > 1e-3
+    for a, b in zip(whole, micro):
+        assert not a["skipped"] and a["clip_fraction"] > 0, "the second update clipped nothing: not covered"
+        assert a.keys() == b.keys() and (SAMPLING_METRICS[0] in a) == bool(engine)
+        for key in a.keys() - set(TIMES):
+            if isinstance(a[key], float):
+                assert math.isclose(a[key], b[key], rel_tol=1e-10, abs_tol=1e-10), (key, a[key], b[key])
+            else:
+                assert a[key] == b[key], key
+
+
 def test_refilling_is_deterministic_by_seed(soft_model_dir, records, tmp_path):
     """Dynamic sampling drops the groups without a signal and refills the batch from more draws: the draws of a
     step are disjoint and fixed by (seed, step); two runs with one seed are equal, another seed draws others."""
@@ -657,6 +785,16 @@ def test_config_errors_say_what_to_do(soft_model_dir, records):
         rl_config(soft_model_dir, records, stop="\\n")
     with pytest.raises(ConfigError, match="refill_rounds must be >= 0"):
         rl_config(soft_model_dir, records, refill_rounds=-1)
+    with pytest.raises(ConfigError, match="rl.micro_batch must be >= 0, got -2"):
+        rl_config(soft_model_dir, records, micro_batch=-2)
+
+
+def test_a_resumed_run_cannot_change_the_micro_batch(soft_model_dir, records, tmp_path):
+    """rl.micro_batch changes the float rounding of the loss: a resumed run would not compute what the
+    uninterrupted one computes bit for bit."""
+    save_config(rl_config(soft_model_dir, records), tmp_path)
+    with pytest.raises(ConfigError, match="cannot change rl.micro_batch"):
+        resumed_config(tmp_path, {"rl.micro_batch": "4"})
 
 
 def test_the_bundled_recipe_is_a_config_name(soft_model_dir, records, tmp_path):

@@ -120,11 +120,17 @@ def grpo_loss(
     kl_coef: float = 0.0,
     aggregation: str = "sequence",
     is_weights: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> GRPOLoss:
     """The clipped GRPO loss (module doc) of ragged rollouts: ``logprobs`` (differentiable, one 1-D tensor per
     rollout), ``old_logprobs`` those of the sampling policy (no gradient), ``advantages`` (N,), ``ref_logprobs``
     those of the reference model (needed when ``kl_coef`` > 0), ``is_weights`` the importance weights of
-    another engine's rollouts (``importance_weights``: (N, L) or (N, 1)), None for none."""
+    another engine's rollouts (``importance_weights``: (N, L) or (N, 1)), None for none.
+
+    ``normalizer``: these rollouts are a micro-batch of a larger batch, and the loss is their share of its loss:
+    their sum (of rollout means for "sequence", of token terms for "token") divided by ``normalizer``, the whole
+    batch's rollout count ("sequence") or token count ("token"), so the micro-batches' losses (and gradients) add
+    up to the batch's. None: these rollouts are the whole batch. The metrics are always these rollouts' own."""
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {aggregation!r}; choose one of {', '.join(AGGREGATIONS)}")
     if not (clip_low >= 0 and clip_high >= 0):
@@ -134,6 +140,8 @@ def grpo_loss(
                          f"shape {tuple(advantages.shape)}: give one of each per rollout")
     if kl_coef and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs (the reference model's log-probabilities)")
+    if normalizer is not None and not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0 (the whole batch's rollout or token count), got {normalizer!r}")
     new, mask = pad_rows(logprobs)
     old, _ = pad_rows([o.detach().to(new.dtype) for o in old_logprobs])
     if old.shape != new.shape:
@@ -156,9 +164,11 @@ def grpo_loss(
             per_token = per_token + kl_coef * per_token_kl
     weights = mask.to(new.dtype)
     if aggregation == "sequence":
-        loss = ((per_token * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)).mean()
+        per_rollout = (per_token * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+        loss = per_rollout.mean() if normalizer is None else per_rollout.sum() / normalizer
     else:
-        loss = (per_token * weights).sum() / weights.sum().clamp(min=1)
+        loss = (per_token * weights).sum() / (weights.sum().clamp(min=1) if normalizer is None else normalizer)
     was_clipped = ((ratio < 1 - clip_low) & (adv < 0)) | ((ratio > 1 + clip_high) & (adv > 0))
-    return GRPOLoss(loss=loss, kl=kl, clip_fraction=float((was_clipped & mask).sum() / mask.sum()),
+    # Counted exactly (not a float32 mean): the token-weighted mean of micro-batches' fractions is then the batch's.
+    return GRPOLoss(loss=loss, kl=kl, clip_fraction=int((was_clipped & mask).sum()) / int(mask.sum()),
                     ratio_mean=float((ratio.detach() * weights).sum() / weights.sum()))

@@ -7,9 +7,11 @@ them (a rollout cut at ``max_new_tokens`` gets ``truncated_reward``), and comput
 ``dynamic_sampling`` the groups whose rewards are all equal are dropped and up to ``refill_rounds`` more draws of
 records refill the batch. A batch whose advantages are all zero makes no optimizer step (AdamW's momentum alone would
 still move the weights); otherwise ``updates_per_step`` optimizer steps on the clipped loss, at the learning rate of
-the schedule (warm-up, then constant, cosine or linear decay). Every random draw (records, sampling, refills) comes
-from a generator seeded by (seed, step), and the model, optimizer and step are checkpointed, so a run stopped after
-any checkpoint and resumed computes what the uninterrupted run computes.
+the schedule (warm-up, then constant, cosine or linear decay), each on the gradient of all the rollouts, scored
+``micro_batch`` at a time with their gradients accumulated where memory cannot hold the logits of all of them. Every
+random draw (records, sampling, refills) comes from a generator seeded by (seed, step), and the model, optimizer and
+step are checkpointed, so a run stopped after any checkpoint and resumed computes what the uninterrupted run
+computes.
 
 The model stays in eval mode throughout: fullband's forward has no dropout and draws no noise outside training's
 Jacobi passes, so the probabilities recomputed for the update are those the sampler used (ratio 1 on the first
@@ -111,6 +113,9 @@ class RLConfig:
     is_clip_max: float = described(IS_CAP, "is_correction: the cap C of the weights (truncate: min(w, C); mask: "
                                    "w above C is 0)")
     updates_per_step: int = described(1, "optimizer updates on each step's rollouts (μ; > 1 makes the clip matter)")
+    micro_batch: int = described(0, "rollouts scored per forward and backward, their gradients accumulated into each "
+                                 "update's one optimizer step (0 = all of the step's rollouts at once): less memory "
+                                 "for more time; the loss and its gradient differ only in float rounding")
     lr: float = described(1e-4, "AdamW peak learning rate")
     lr_schedule: str = described("constant", f"after the warm-up: {', '.join(LR_SCHEDULES)} (decaying to "
                                  "min_lr_ratio·lr at the last step)")
@@ -149,7 +154,7 @@ class RLConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"rl.{name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_every", "ckpt_every", "stop_after_steps", "weight_decay", "grad_clip", "kl_coef",
-                     "clip_low", "clip_high", "warmup_steps", "refill_rounds"):
+                     "clip_low", "clip_high", "warmup_steps", "refill_rounds", "micro_batch"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"rl.{name} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not self.temperature > 0:
@@ -192,6 +197,7 @@ class RLConfig:
 
 
 # Fields that may differ between a run and its resumption: they change logging and pacing, not the computation.
+# Not micro_batch: it changes the float rounding of the loss, so the weights would not be the uninterrupted run's.
 RESUMABLE = {"device", "eval_every", "eval_prompts", "eval_batch_size", "ckpt_every", "keep_checkpoints",
              "stop_after_steps", "progress", "log_every", "tensorboard", "wandb", "val_data", "steps"}
 
@@ -372,6 +378,12 @@ SAMPLING_METRICS = ("sampling/sampling_logp_difference/mean", "sampling/sampling
                     "sampling/importance_sampling_ratio/max")
 
 
+def micro_batches(count: int, size: int) -> list[slice]:
+    """``count`` rollouts in consecutive micro-batches of ``size`` (rl.micro_batch; 0: one of all of them)."""
+    size = size or count
+    return [slice(start, start + size) for start in range(0, count, size)]
+
+
 def sampling_metrics(trainer_logprobs: Sequence[torch.Tensor], sampling_logprobs: Sequence[torch.Tensor],
                      ratios: torch.Tensor) -> dict[str, float]:
     """TRL's metrics of the sampler's mismatch, under TRL's names (``SAMPLING_METRICS``): |trainer - sampler|
@@ -549,52 +561,79 @@ class RLTrainer:
         out = dict(loss=math.nan, kl=math.nan, clip_fraction=math.nan, entropy=math.nan, grad_norm=math.nan)
         if sampling is not None:
             out.update(dict.fromkeys(SAMPLING_METRICS, math.nan))
-        is_weights = None
         scoring_s = backward_s = optimizer_s = 0.0
         # No signal, no step: AdamW would still move the weights by its momentum and decay its moments.
         skipped = not bool(advantages.any())
         if not skipped:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
+            chunks = micro_batches(len(prompts), cfg.micro_batch)
             t0 = time.perf_counter()
             old = ref = None
             with torch.no_grad():
                 # With one update per step the policy is the sampler: its log-probabilities, detached, are the old
                 # ones (as TRL does); only several updates need them computed before the first.
                 if cfg.updates_per_step > 1:
-                    old = rollout_logprobs(self.model, prompts, completions, self.score_decode, cfg.temperature)
+                    old = self.chunked_logprobs(self.model, prompts, completions, chunks)
                 if self.reference is not None:
-                    ref = rollout_logprobs(self.reference, prompts, completions, self.score_decode, cfg.temperature)
+                    ref = self.chunked_logprobs(self.reference, prompts, completions, chunks)
             scoring_s = time.perf_counter() - t0
+            tokens = sum(map(len, completions))
+            # Each micro-batch's loss is its share of the whole batch's (grpo_loss's normalizer), so their gradients
+            # add up to the batch's; a token mean over the batch (the metrics) is the token-weighted mean of theirs.
+            normalizer = None  # one micro-batch is the whole batch: grpo_loss's own mean, rounded as before
+            if len(chunks) > 1:
+                normalizer = len(prompts) if cfg.loss_aggregation == "sequence" else tokens
+            chunk_is_weights: list[torch.Tensor | None] = [None] * len(chunks)
+            trainer_logprobs: list[torch.Tensor] = []
             for update in range(cfg.updates_per_step):
-                t0 = time.perf_counter()
-                new, entropies = rollout_logprobs_and_entropies(self.model, prompts, completions, self.score_decode,
-                                                                cfg.temperature)
-                if update == 0 and sampling is not None:
-                    # TRL's mismatch metrics and weights: the trainer's log-probabilities before any update against
-                    # vLLM's, fixed for the step's updates.
-                    trainer_logprobs = old if old is not None else [n.detach() for n in new]
-                    ratios = importance_weights(trainer_logprobs, sampling, cfg.is_correction, cfg.is_clip_max)
-                    out.update(sampling_metrics(trainer_logprobs, sampling, ratios))
-                    is_weights = None if cfg.is_correction == "none" else ratios
-                loss = grpo_loss(new, old if old is not None else [n.detach() for n in new], advantages, ref,
-                                 cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation, is_weights)
-                if update == 0:  # the entropy of the policy that sampled
-                    out["entropy"] = float(torch.cat(entropies).mean())
-                t1 = time.perf_counter()
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.loss.backward()
-                t2 = time.perf_counter()
+                loss_sum = kl_sum = clipped_sum = entropy_sum = 0.0
+                for index, part in enumerate(chunks):
+                    t0 = time.perf_counter()
+                    new, entropies = rollout_logprobs_and_entropies(self.model, prompts[part], completions[part],
+                                                                    self.score_decode, cfg.temperature)
+                    chunk_old = old[part] if old is not None else [n.detach() for n in new]
+                    if update == 0 and sampling is not None:
+                        # TRL's weights: the trainer's log-probabilities before any update against vLLM's, fixed
+                        # for the step's updates (a rollout's weights depend on it alone: chunking keeps them).
+                        trainer_logprobs += chunk_old
+                        if cfg.is_correction != "none":
+                            chunk_is_weights[index] = importance_weights(chunk_old, sampling[part],
+                                                                         cfg.is_correction, cfg.is_clip_max)
+                    loss = grpo_loss(new, chunk_old, advantages[part], None if ref is None else ref[part],
+                                     cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.loss_aggregation,
+                                     chunk_is_weights[index], normalizer)
+                    chunk_tokens = sum(map(len, new))
+                    if update == 0:  # the entropy of the policy that sampled
+                        entropy_sum += float(torch.cat(entropies).sum())
+                    t1 = time.perf_counter()
+                    loss.loss.backward()  # frees this micro-batch's graph before the next is scored
+                    scoring_s, backward_s = scoring_s + t1 - t0, backward_s + time.perf_counter() - t1
+                    loss_sum += float(loss.loss.detach())
+                    clipped_sum += loss.clip_fraction * chunk_tokens
+                    kl_sum += 0.0 if loss.kl is None else loss.kl * chunk_tokens
+                t0 = time.perf_counter()
                 if cfg.grad_clip > 0:
                     out["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip))
                 self.optimizer.step()
-                t3 = time.perf_counter()
-                scoring_s, backward_s, optimizer_s = scoring_s + t1 - t0, backward_s + t2 - t1, optimizer_s + t3 - t2
-            out.update(loss=float(loss.loss.detach()), clip_fraction=loss.clip_fraction,
-                       kl=math.nan if loss.kl is None else loss.kl)
+                optimizer_s += time.perf_counter() - t0
+                if update == 0:
+                    out["entropy"] = entropy_sum / tokens
+                    if sampling is not None:  # TRL's mismatch metrics, over the whole batch
+                        ratios = importance_weights(trainer_logprobs, sampling, cfg.is_correction, cfg.is_clip_max)
+                        out.update(sampling_metrics(trainer_logprobs, sampling, ratios))
+            out.update(loss=loss_sum, clip_fraction=clipped_sum / tokens,
+                       kl=math.nan if ref is None else kl_sum / tokens)
         record.update(skipped=skipped, **out, rollout_s=rollout_s, scoring_s=scoring_s, backward_s=backward_s,
                       optimizer_s=optimizer_s, step_s=time.perf_counter() - start)
         return record
+
+    def chunked_logprobs(self, model: FullBandLM, prompts: list[list[int]], completions: list[list[int]],
+                         chunks: Sequence[slice]) -> list[torch.Tensor]:
+        """``rollout_logprobs`` of the rollouts in the scoring mode, a micro-batch (``chunks``) per call."""
+        return [logprobs for part in chunks for logprobs in rollout_logprobs(
+            model, prompts[part], completions[part], self.score_decode, self.cfg.temperature)]
 
     # ---- evaluation -------------------------------------------------------------------------------
 
