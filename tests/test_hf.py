@@ -212,6 +212,10 @@ def test_tokenizer_carried_through_convert_and_export(tmp_path):
     assert loaded("w1 w5 w7").input_ids == tok("w1 w5 w7").input_ids
     config = json.loads((exp / "config.json").read_text())
     assert config["eos_token_id"] == 2 and config["bos_token_id"] == 1
+    # One generation_config.json: the source's token-id defaults (kept in fb/tokenizer/) and the decode settings.
+    generation = json.loads((exp / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2 and generation["decode_mode"] == "standard"
+    assert not {"decode_mode", "fused_passes", "fused_tol", "fused_max_passes"} & set(config)
 
 
 def test_no_tokenizer_dir_without_tokenizer_files(tmp_path):
@@ -388,8 +392,8 @@ def test_convert_and_export_keep_bfloat16(tmp_path):
     exp = export_hf(dst, tmp_path / "exp", decode_mode="soft", fused_passes=2)
     with safe_open(str(exp / "model.safetensors"), framework="pt") as f:
         assert f.get_tensor("model.embed.weight").dtype == torch.bfloat16
-    config = json.loads((exp / "config.json").read_text())
-    assert config["decode_mode"] == "soft" and config["fused_passes"] == 2
+    generation = json.loads((exp / "generation_config.json").read_text())
+    assert generation["decode_mode"] == "soft" and generation["fused_passes"] == 2
     with pytest.raises(ConfigError, match="dtype"):
         convert_from_hf(src, tmp_path / "fb2", dtype="bf16")
 
@@ -405,9 +409,12 @@ def test_a_converted_model_decodes_in_standard_mode_until_trained(tmp_path):
     model = load_pretrained(dst).eval()
     assert DecodeSettings.of(model) == DecodeSettings("standard")
     exp = export_hf(dst, tmp_path / "exp", decode_mode="fused", fused_passes="auto", fused_max_passes=5)
-    config = json.loads((exp / "config.json").read_text())
-    assert (config["decode_mode"], config["fused_passes"], config["fused_max_passes"]) == ("fused", "auto", 5)
+    generation = json.loads((exp / "generation_config.json").read_text())
+    assert (generation["decode_mode"], generation["fused_passes"], generation["fused_max_passes"]) == \
+        ("fused", "auto", 5)
+    assert "decode_mode" not in json.loads((exp / "config.json").read_text())
     hf = AutoModelForCausalLM.from_pretrained(exp, trust_remote_code=True)
+    assert hf.generation_config.decode_mode == "fused"  # where a transformers user looks for generation defaults
     ids = torch.randint(3, VOCAB, (1, 6))
     out = hf.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
     ref = fb_generate(model, ids, 4, mode="fused", fused_passes="auto", fused_max_passes=5)

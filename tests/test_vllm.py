@@ -36,6 +36,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 import test_train  # noqa: E402
 from serve_helpers import Server, free_port  # noqa: E402
+from test_old_model_dirs import export_as_written_before  # noqa: E402
 from test_train import steps_of, tiny_config  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm_helpers import in_process_vllm, ragged_prompts  # noqa: E402
@@ -45,6 +46,7 @@ from fullband.generation import generate  # noqa: E402
 from fullband.hf import export_hf  # noqa: E402
 from fullband.loading import load_model  # noqa: E402
 from fullband.train import train  # noqa: E402
+from fullband.vllm.config import served_settings  # noqa: E402
 
 MAX_LEN = 96
 NEW = 12
@@ -99,13 +101,13 @@ def _close_engine() -> None:
         gc.collect()
 
 
-def engine(export: Path, mode: str, **options) -> LLM:
-    """The engine for ``mode`` (built once; building another closes it)."""
+def engine(export: Path, mode: str | None, **options) -> LLM:
+    """The engine for ``mode`` (None: the export's stored one; built once; building another closes it)."""
     key = (str(export), mode, tuple(sorted(options.items())))
     if _ENGINE.get("key") != key:
         _close_engine()
         llm = LLM(str(export), dtype="float32", skip_tokenizer_init=True, max_model_len=MAX_LEN, seed=0,
-                  distributed_executor_backend="uni", hf_overrides=MODES[mode], **options)
+                  distributed_executor_backend="uni", hf_overrides=MODES.get(mode), **options)
         _ENGINE.update(key=key, llm=llm)
     return _ENGINE["llm"]
 
@@ -231,6 +233,21 @@ def test_fused_passes_with_preemption_and_more_requests_than_the_batch(tiny, pro
     assert expected != reference(model, many, "soft", new=24)
 
 
+@pytest.mark.parametrize("layout", ["today", "written before"])
+def test_without_hf_overrides_an_export_serves_its_stored_mode(tiny, prompts, tmp_path, layout):
+    """The tiny export stores soft in its generation_config.json (one written before the settings moved there: at
+    the top of its config.json); an engine given no hf_overrides serves soft, a feedback mode to vLLM."""
+    model, export = tiny
+    assert json.loads((export / "generation_config.json").read_text())["decode_mode"] == "soft"
+    assert "decode_mode" not in json.loads((export / "config.json").read_text())
+    if layout == "written before":
+        export = export_as_written_before(export, tmp_path / "old")
+    llm = engine(export, None)
+    assert served_settings(engine_config(llm).model_config.hf_config).label == "soft"
+    assert engine_config(llm).model_config.is_hybrid
+    assert greedy(llm, prompts) == reference(model, prompts, "soft")
+
+
 def test_modes_it_cannot_serve_are_refused_at_load(tiny):
     _, export = tiny
     # vLLM's config classes report the plugin's DecodeSettingsError as a ValueError (pydantic) with its message.
@@ -275,7 +292,7 @@ def test_smollm2_through_the_openai_server(tmp_path):
         assert main(["convert", "--from-hf", str(gguf.parent), "--gguf-file", gguf.name,
                      "--out", str(tmp_path / "fb")]) == 0
     export = export_hf(tmp_path / "fb", tmp_path / "exp")
-    assert json.loads((export / "config.json").read_text())["decode_mode"] == "standard"
+    assert json.loads((export / "generation_config.json").read_text())["decode_mode"] == "standard"
     prompt = "def fibonacci(n):\n    "
     ids = loaded["tokenizer"](prompt, return_tensors="pt")["input_ids"]
     with torch.no_grad():

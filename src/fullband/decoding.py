@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -25,9 +26,9 @@ MODES = ("standard", "soft", "fused")
 AUTO = "auto"
 EXACT = "exact"
 FIELDS = ("mode", "fused_passes", "fused_tol", "fused_max_passes")
-# A model directory's decode settings, beside config.json: the name under which Hugging Face stores generation
-# defaults, holding exactly ``to_dict()``. (An export keeps the same fields in its config.json, where its remote
-# code's config reads them; a converted model's own Hugging Face token-id defaults stay in its tokenizer/.)
+# The decode settings' file, beside config.json: the name under which Hugging Face stores generation defaults. A
+# model directory's holds exactly ``to_dict()``; an export's adds Hugging Face's token ids (a converted model keeps
+# its own Hugging Face token-id defaults in its tokenizer/, and its export merges them in).
 DECODE_SETTINGS_NAME = "generation_config.json"
 
 
@@ -137,6 +138,15 @@ class DecodeSettings:
             return cls().with_overrides(**values)
         except DecodeSettingsError as exc:
             raise DecodeSettingsError(f"{where}: {exc}") from None
+
+    @classmethod
+    def of_export(cls, generation: Mapping[str, Any], config: Mapping[str, Any], where: str) -> DecodeSettings:
+        """A Hugging Face export's settings: those of its generation_config.json (``generation``), any set on its
+        config on top: vLLM's ``hf_overrides`` and ``from_pretrained``'s keywords, and the top of config.json in
+        exports written before the settings moved to generation_config.json."""
+        names = cls().to_dict()
+        return cls.from_dict({k: v for source in (generation, config) for k, v in source.items()
+                              if k in names and v is not None}, where)
 
     @classmethod
     def of(cls, model: FullBandLM) -> DecodeSettings:

@@ -249,8 +249,8 @@ class ModelDir:
 
     @classmethod
     def _export(cls, path: Path, data: dict[str, Any]) -> ModelDir:
-        """An ``export-hf`` directory: the fullband config under "fullband", the decode settings at the top level
-        (where its remote code's config reads them), the weights under the "model." prefix, sharded or not."""
+        """An ``export-hf`` directory: the fullband config under "fullband", the decode settings in its
+        generation_config.json (``DecodeSettings.of_export``), the weights under the "model." prefix, sharded or not."""
         index = path / "model.safetensors.index.json"
         if index.is_file():
             files = tuple(path / name for name in sorted(set(read_json(index)["weight_map"].values())))
@@ -261,8 +261,9 @@ class ModelDir:
         if not (path / "tokenizer.json").is_file():
             raise CheckpointError(f"{path} holds no tokenizer.json: re-export it with this version of fullband "
                                   "(`fullband export-hf`), or load the model directory it was exported from")
-        return cls(path, _config(data["fullband"], path), DecodeSettings.from_dict(data, str(path / CONFIG_NAME)),
-                   path, None, files, prefix="model.")
+        generation = read_json(path / DECODE_SETTINGS_NAME) if (path / DECODE_SETTINGS_NAME).is_file() else {}
+        decode = DecodeSettings.of_export(generation, data, f"{path}'s decode settings")
+        return cls(path, _config(data["fullband"], path), decode, path, None, files, prefix="model.")
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         """The model's full tensors on the CPU, by their names in the model."""

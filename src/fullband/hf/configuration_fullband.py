@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from transformers import PreTrainedConfig
 
 from .fullband_decoding import DecodeSettings
@@ -23,20 +26,13 @@ _STANDARD_NAMES = {
 class FullBandHFConfig(PreTrainedConfig):
     r"""
     fullband (dict): the fields of ``fullband.model.FullBandConfig`` (d_model, n_layers, fusion, ...).
-    decode_mode (str): default latent-feedback mode of ``generate()``: "standard", "soft" or "fused".
-    fused_passes (int, "auto" or "exact"): default extra fused prefill passes in "fused" mode ("exact": the exact
-        recurrence over the prompt, token by token).
-    fused_tol (float), fused_max_passes (int): ``fused_passes="auto"``'s tolerance and cap.
-    These four are the model's stored decode settings (``fullband.decoding.DecodeSettings``).
+    The stored decode settings (``fullband.decoding.DecodeSettings``: decode_mode, fused_passes, fused_tol,
+    fused_max_passes) are in the export's generation_config.json; any given here override them (``decode_settings``).
     """
 
     model_type = "fullband"
 
     fullband: dict | None = None
-    decode_mode: str = "standard"
-    fused_passes: int | str = 1
-    fused_tol: float = 1e-3
-    fused_max_passes: int = 8
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
@@ -46,8 +42,8 @@ class FullBandHFConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         for name in (*_STANDARD_NAMES, "head_dim"):  # derived below; stale copies from a saved config.json are dropped
             kwargs.pop(name, None)
-        self.decode_settings()  # refuse a bad stored value when the config is read, not at the first generate()
         super().__post_init__(**kwargs)
+        self.decode_settings()  # refuse a bad value given here when the config is read, not at the first generate()
         fb = dict(self.fullband or {})
         for hf_name, fb_name in _STANDARD_NAMES.items():
             if fb.get(fb_name) is not None:
@@ -58,6 +54,7 @@ class FullBandHFConfig(PreTrainedConfig):
             if fb.get("n_kv_heads") is None:
                 object.__setattr__(self, "num_key_value_heads", fb["n_heads"])
 
-    def decode_settings(self) -> DecodeSettings:
-        """The stored decode settings, checked."""
-        return DecodeSettings.from_dict({k: getattr(self, k) for k in DecodeSettings().to_dict()}, "config.json")
+    def decode_settings(self, generation: Mapping[str, Any] | None = None) -> DecodeSettings:
+        """The decode settings, checked: those of ``generation`` (the export's generation_config.json), any set on
+        this config on top (``DecodeSettings.of_export``)."""
+        return DecodeSettings.of_export(generation or {}, vars(self), "the export's decode settings")

@@ -66,17 +66,16 @@ def export_hf(
 
     config = FullBandHFConfig(
         fullband=model.config.to_dict(),
-        **settings.to_dict(),
         architectures=["FullBandForCausalLM"],
         auto_map=dict(AUTO_MAP),
         dtype=model.embed.weight.dtype,
         **special,
     )
-    generation.pop("transformers_version", None)
-    if generation:
-        generation_config = GenerationConfig.from_dict(generation)
-    else:
-        generation_config = GenerationConfig.from_model_config(config)
+    # The decode settings beside Hugging Face's token ids, where transformers loads them into model.generation_config
+    # (which drops fields it does not know from a file marked _from_model_config).
+    for key in ("transformers_version", "_from_model_config"):
+        generation.pop(key, None)
+    generation_config = GenerationConfig.from_dict({**generation, **settings.to_dict()})
 
     # The tokenizer's own files; the generation_config.json that comes with them is replaced by the merged one.
     copy_tokenizer_files(tokenizer_dir, dst)

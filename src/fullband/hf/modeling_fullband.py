@@ -223,7 +223,7 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         if cache is not None and cache.get_seq_length() > 0:
             settings = cache.settings  # fixed when the cache was filled; decode steps need not resolve them again
         else:
-            base = cache.settings if cache is not None else self.config.decode_settings()
+            base = cache.settings if cache is not None else self.config.decode_settings(vars(self.generation_config))
             settings = base.with_overrides(mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol,
                                            fused_max_passes=fused_max_passes)
         if use_cache and cache is None:
@@ -301,9 +301,9 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         fused_max_passes: int | None = None,
         **kwargs,
     ) -> torch.LongTensor | ModelOutput:
-        """``transformers``' ``generate`` plus the decode settings (default: those stored in ``config.json``); assisted
-        decoding works in standard mode only (it rolls the cache back)."""
-        settings = self.config.decode_settings().with_overrides(
+        """``transformers``' ``generate`` plus the decode settings (default: those stored in generation_config.json,
+        ``self.generation_config``); assisted decoding works in standard mode only (it rolls the cache back)."""
+        settings = self.config.decode_settings(vars(self.generation_config)).with_overrides(
             mode=decode_mode, fused_passes=fused_passes, fused_tol=fused_tol, fused_max_passes=fused_max_passes)
         mode = settings.mode
         if mode != "standard":
@@ -325,8 +325,11 @@ class FullBandForCausalLM(FullBandPreTrainedModel, GenerationMixin):
         if cache is None and generation_config.use_cache is False:
             return
         if cache is None:
-            cache = FullBandCache(settings=self.config.decode_settings().with_overrides(
-                **{k: model_kwargs.get(k) for k in ("decode_mode", "fused_passes", "fused_tol", "fused_max_passes")}))
+            # generate() passed all four settings as keywords: transformers moved those that self.generation_config
+            # holds (an export's stored ones) into generation_config, and leaves the others in model_kwargs.
+            cache = FullBandCache(settings=DecodeSettings().with_overrides(**{
+                k: model_kwargs.get(k, getattr(generation_config, k, None))
+                for k in ("decode_mode", "fused_passes", "fused_tol", "fused_max_passes")}))
             model_kwargs[_CACHE_KEY] = cache
         elif not isinstance(cache, FullBandCache):
             raise ValueError(f"fullband models need a FullBandCache, got {type(cache).__name__}")

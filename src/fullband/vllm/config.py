@@ -1,9 +1,13 @@
-"""The exported model's configuration as vLLM reads it (the stored decode settings with ``hf_overrides`` on top,
-checked by ``DecodeSettings``), and how its decode mode configures the engine."""
+"""The exported model's configuration as vLLM reads it (the decode settings of its generation_config.json with
+``hf_overrides`` on top, checked by ``DecodeSettings``), and how its decode mode configures the engine."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import GenerationConfig
 
 from fullband.decoding import AUTO, DecodeSettings, DecodeSettingsError
 from fullband.hf.configuration_fullband import FullBandHFConfig
@@ -19,14 +23,32 @@ FEEDBACK_STATE_LAYER = "feedback_state"
 
 
 class FullBandVLLMConfig(FullBandHFConfig):
-    """``FullBandHFConfig`` plus ``layer_types``, derived from the decode mode so that it follows ``hf_overrides``:
+    """``FullBandHFConfig`` plus the export's generation_config.json, read with it (vLLM reads that file for
+    sampling defaults only), and ``layer_types``, derived from the decode mode so that it follows ``hf_overrides``:
     attention only in standard mode (vLLM then runs the model as it runs a Llama), one per-request state layer
     more in the feedback modes."""
+
+    def __post_init__(self, **kwargs):
+        self.generation = _generation_config(kwargs.get("name_or_path"))
+        super().__post_init__(**kwargs)
+
+    def decode_settings(self, generation: Mapping[str, Any] | None = None) -> DecodeSettings:
+        """The export's stored settings with ``hf_overrides`` (set on this config) on top."""
+        return super().decode_settings(self.generation if generation is None else generation)
 
     @property
     def layer_types(self) -> list[str]:
         layers = [ATTENTION_LAYER] * self.num_hidden_layers
         return layers if self.decode_settings().mode == "standard" else [*layers, FEEDBACK_STATE_LAYER]
+
+
+def _generation_config(path: str | None) -> dict[str, Any]:
+    if not path:  # a config built in code (transformers builds a default one to compare against)
+        return {}
+    try:
+        return GenerationConfig.from_pretrained(path).to_diff_dict()
+    except OSError:  # an export without generation_config.json: the settings on the config, else standard
+        return {}
 
 
 def served_settings(hf_config) -> DecodeSettings:
