@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,3 +95,23 @@ def smollm2_dir(root: Path) -> Path:
                           "--out", str(root / "smollm2")]) != 0:
             raise SystemExit("fullband convert of the SmolLM2 GGUF failed")
     return root / "smollm2"
+
+
+def timed(sync: Callable, fn: Callable, *args, **kwargs) -> tuple[float, object]:
+    """(seconds, result) of fn(*args, **kwargs), the device synchronised before and after."""
+    sync()
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    sync()
+    return time.perf_counter() - start, out
+
+
+def chosen_models(p: argparse.ArgumentParser, args: argparse.Namespace, models: dict, quick_models: dict) -> dict:
+    """The models ``--models`` names among ``models`` (``quick_models`` with --quick), all of them by default."""
+    models = quick_models if args.quick else models
+    if args.models:
+        unknown = set(args.models) - set(models)
+        if unknown:
+            p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(models)}")
+        models = {k: models[k] for k in args.models}
+    return models

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device
+from common import add_common_arguments, chosen_models, machine_info, print_header, setup_device
 
 from fullband.generation import generate_stream
 from fullband.model import FullBandConfig, FullBandLM
@@ -273,12 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         args.new_tokens = 16 if args.quick else 128
     if args.new_tokens < 2:
         p.error("--new-tokens must be >= 2 (per-token time needs two stamps)")
-    models = QUICK_MODELS if args.quick else MODELS
-    if args.models:
-        unknown = set(args.models) - set(models)
-        if unknown:
-            p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(models)}")
-        models = {k: models[k] for k in args.models}
+    models = chosen_models(p, args, MODELS, QUICK_MODELS)
 
     device, dtype, sync = setup_device(args, p)
 

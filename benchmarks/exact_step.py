@@ -19,40 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 from common import add_common_arguments, machine_info, print_header, setup_device, write_record
-
-from fullband.architectures import build_model
-from fullband.config import load_config
-from fullband.loading import preset_path
-from fullband.train.objective import multipass_loss, sequential_loss
+from state_tracking_models import build, train_steps
 
 ONE_PASS = "one pass"
-
-
-def build(chunk: int, device: torch.device, dtype: torch.dtype):
-    config = load_config(preset_path("state-tracking"))
-    torch.manual_seed(0)
-    model = build_model(config.model).to(device=device, dtype=dtype).train()
-    model.compile_recurrence(chunk)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
-    return model, optimizer, config
-
-
-def step_seconds(model, optimizer, ids: torch.Tensor, exact: bool, steps: int, sync) -> float:
-    inputs, labels = ids[:, :-1], ids[:, 1:]
-    sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        optimizer.zero_grad(set_to_none=True)
-        out = sequential_loss(model, inputs, labels) if exact else multipass_loss(model, inputs, labels, 1)
-        out.loss.backward()
-        optimizer.step()
-    sync()
-    return (time.perf_counter() - start) / steps
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,7 +47,9 @@ def main(argv: list[str] | None = None) -> dict:
     command = print_header("the exact recurrence's training step against one pass", argv, machine, args)
 
     variants = {ONE_PASS: 0, **{f"exact, compiled {c} a call": c for c in args.chunks}}
-    built = {name: build(chunk, device, dtype) for name, chunk in variants.items()}
+    built = {name: build({}, device, dtype) for name in variants}
+    for name, chunk in variants.items():
+        built[name][0].compile_recurrence(chunk)
     config = built[ONE_PASS][2]
     results = {}
     print("| batch | variant | ms per step, median (min–max) | × one pass, median (min–max) |")
@@ -85,13 +60,13 @@ def main(argv: list[str] | None = None) -> dict:
                             generator=torch.Generator().manual_seed(0))
         for name, (model, optimizer, _) in built.items():
             if name != ONE_PASS:
-                step_seconds(model, optimizer, ids, True, 2, sync)  # compiles, untimed
+                train_steps(model, optimizer, ids, True, 2, sync)  # compiles, untimed
         seconds = {name: [] for name in variants}
         names = list(variants)
         for rep in range(repeats):
             for name in names[rep % len(names):] + names[: rep % len(names)]:
                 model, optimizer, _ = built[name]
-                seconds[name].append(step_seconds(model, optimizer, ids, name != ONE_PASS, steps, sync))
+                seconds[name].append(train_steps(model, optimizer, ids, name != ONE_PASS, steps, sync))
         results[batch] = {}
         for name in names:
             ratios = [a / b for a, b in zip(seconds[name], seconds[ONE_PASS])]

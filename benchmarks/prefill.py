@@ -54,7 +54,16 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device, smollm2_dir, write_record
+from common import (
+    add_common_arguments,
+    chosen_models,
+    machine_info,
+    print_header,
+    setup_device,
+    smollm2_dir,
+    timed,
+    write_record,
+)
 from decode import MODELS as DECODE_MODELS
 
 from fullband.decoding import AUTO, EXACT, DecodeSettings
@@ -129,13 +138,6 @@ def table(rows: list[dict]) -> str:
 
 
 # ---- the engines ----------------------------------------------------------------------------------------------------
-
-def timed(sync, fn, *args, **kwargs):
-    sync()
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    sync()
-    return time.perf_counter() - start, out
 
 
 class FullbandPrefill:
@@ -317,12 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     args.repeats = args.repeats or (2 if args.quick else 3)
     args.batch = args.batch or ([1, 2] if args.quick else [1, 16, 64])
     args.prompt_len = args.prompt_len or ([8] if args.quick else [16, 128, 512])
-    models = QUICK_MODELS if args.quick else MODELS
-    if args.models:
-        unknown = set(args.models) - set(models)
-        if unknown:
-            p.error(f"unknown model(s) {sorted(unknown)}; choose from {list(models)}")
-        models = {k: models[k] for k in args.models}
+    models = chosen_models(p, args, MODELS, QUICK_MODELS)
     out = args.out or Path("benchmarks/results/prefill" + ("_quick" if args.quick else "") + ".json")
     device, dtype, sync = setup_device(args, p)
 

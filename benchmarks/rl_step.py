@@ -25,11 +25,10 @@ import dataclasses
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from common import add_common_arguments, machine_info, print_header, setup_device, smollm2_dir, write_record
+from common import add_common_arguments, machine_info, print_header, setup_device, smollm2_dir, timed, write_record
 
 from fullband.config import load_config
 from fullband.decoding import DecodeSettings
@@ -44,14 +43,6 @@ PARTS = ("sync", "rollout", "scoring", "scoring_grad", "backward", "optimizer", 
 STEP_PARTS = PARTS[:-1]
 VLLM_HEAD_DIM = 32
 
-
-def timed(sync, fn, *args, **kwargs):
-    """(seconds, result) of fn(*args, **kwargs), the device synchronised before and after."""
-    sync()
-    start = time.perf_counter()
-    out = fn(*args, **kwargs)
-    sync()
-    return time.perf_counter() - start, out
 
 
 def scored_loss(model, prompts, completions, decode, old, advantages) -> torch.Tensor:
