@@ -271,6 +271,12 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                        ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5"},
                        records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
                        along=1000),
+    # steps8000_decay05_s5's 8x curves rise most in their last 1000 steps, and across the sweeps the gain follows the
+    # decay's length (1000, 2000, 4000 steps): the same 8000 steps decaying linearly to 0 from the warm-up on.
+    StateTrackingSweep("steps8000_decay1_s5", "S5, 8000 steps with the LR decaying linearly to 0 over all of them",
+                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "1.0"},
+                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
+                       along=1000),
     # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
     # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
     # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.
