@@ -10,7 +10,7 @@ state the exact recurrence feeds back.
 
 The levers use the same runs, so each is paired with the preset's kept model seed by seed and row by row:
   keep8x  the checkpoint with the best validation score at 8x (ties: the later one), graded on the test rows;
-  swa     the mean of the weights of the checkpoints of the LR decay (steps >= 75% of the run), graded on the
+  swa     the mean of the weights of the checkpoints of the LR decay (the sweep's decay fraction), graded on the
           validation and the test rows.
 
 Per seed: the step each run first reaches >= 0.99 at 8x on the validation rows, its best 8x score and step, the
@@ -34,9 +34,11 @@ from experiments.plotting import pyplot, save
 from experiments.state_tracking.tasks import encode_batch, load_run_model
 from experiments.stats import fmt
 from experiments.sweeps import ROOT, SWEEPS
+from fullband.config import load_config
 from fullband.data.synthetic import Example
 from fullband.data.tokenizers import ByteTokenizer
 from fullband.generation import sequential_forward
+from fullband.loading import preset_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -97,7 +99,13 @@ def average(checkpoints: list[Path], out: Path) -> Path:
     return out
 
 
-def levers(record: dict, run: Path, sweep_lengths: list[int], moves: int, along: list[str]) -> dict:
+def decay_fraction(sweep) -> float:
+    """The last fraction of the steps over which a sweep's learning rate decays: its override, else the preset's."""
+    preset = load_config(preset_path(sweep.preset)).train.decay_fraction
+    return float(sweep.overrides.get("train.decay_fraction", preset))
+
+
+def levers(record: dict, run: Path, sweep_lengths: list[int], moves: int, along: list[str], fraction: float) -> dict:
     """The two levers of one run, graded on the rows the runner graded the kept model on."""
     data = run.with_name(run.name + ".data")
     lengths = [str(m * moves) for m in sweep_lengths]
@@ -107,7 +115,7 @@ def levers(record: dict, run: Path, sweep_lengths: list[int], moves: int, along:
     step = max(record["along"], key=lambda p: (p["val"][top], p["step"]))["step"]
     chosen = run / "checkpoints" / f"step_{step:08d}"
     keep8x = bench(chosen / "model", tests, run / "levers" / "keep8x")
-    decay = [c for c in checkpoints_of(run) if int(c.name.split("_")[1]) >= 0.75 * record["steps"]]
+    decay = [c for c in checkpoints_of(run) if int(c.name.split("_")[1]) >= (1 - fraction) * record["steps"]]
     swa = bench(average(decay, run / "levers" / "swa_model"), tests + vals, run / "levers" / "swa")
     return {"seed": record["seed"], "keep8x_step": step,
             "keep8x": {n: keep8x[t] for n, t in zip(lengths, tests)},
@@ -192,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
           f"best val {fmt([s['best'] for s in rows])}, "
           f"val at the end {fmt([s['last'] for s in rows])}, kept model test {fmt([s['kept_test'] for s in rows])}")
     last = records[0]["along"][-1]["step"]
-    decay = [p["step"] for p in records[0]["along"] if p["step"] >= 0.75 * last]
-    print(f"\nvalidation at {top} moves over the LR decay (the last 25% of the steps), per seed:\n")
+    fraction = decay_fraction(sweep)
+    decay = [p["step"] for p in records[0]["along"] if p["step"] >= (1 - fraction) * last]
+    print(f"\nvalidation at {top} moves over the LR decay (the last {fraction:.0%} of the steps), per seed:\n")
     print("| seed | " + " | ".join(f"step {step}" for step in decay) + " |")
     print("|---|" + "---|" * len(decay))
     for record in records:
@@ -219,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.levers:
         out = args.results / f"{args.name}_levers.jsonl"
         graded = [levers(r, args.runs_dir / args.name / f"{args.task}_s{r['seed']}", list(sweep.lengths), sweep.moves,
-                         lengths) for r in records]
+                         lengths, decay_fraction(sweep)) for r in records]
         out.write_text("".join(json.dumps(g) + "\n" for g in graded))
         print(f"levers: {out}")
     if (args.results / f"{args.name}_levers.jsonl").is_file():
