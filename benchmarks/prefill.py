@@ -166,44 +166,30 @@ def per_token_seconds(first: float, last: float, tokens: int) -> float:
     return (last - first) / (tokens - 1)
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| model | engine | batch | prompt len | mode | prefill ms, median [min–max] | "
-             "ratio to standard, median [min–max] | fastest / fastest standard | passes | bound | within bound |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(rows: list[dict], decoding: bool = False) -> str:
+    """The prefill rows (passes, bound) or, ``decoding``, the decode step's rows (decoded tokens, the target)."""
+    checks = ["target", f"within {DECODE_TARGET:g}"] if decoding else ["passes", "bound", "within bound"]
+    columns = ["model", "engine", "batch", "prompt len", *(["decoded tokens"] if decoding else []), "mode",
+               f"{'per-token' if decoding else 'prefill'} ms, median [min–max]", "ratio to standard, median [min–max]",
+               "fastest / fastest standard", *checks]
+    marks = {None: "–", True: "yes", False: "**no**"}
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in rows:
-        head = f"| {r['model']} | {r['engine']} | {r['batch']} | {r['prompt_len']} | {r['mode']} |"
+        cells = [r["model"], r["engine"], r["batch"], r["prompt_len"], *([r["decode_tokens"]] if decoding else []),
+                 r["mode"]]
         if "refused" in r:
-            lines.append(f"{head} {r['refused']} | | | | | |")
-            continue
-        t, q = r["prefill_s"], r["ratio"]
-        passes = "?" if r["passes"] is None else str(r["passes"])
-        if r["mode"] == "fused:exact":
-            passes += " (T token steps)"
-        bound = "–" if r["bound"] is None else f"{r['bound']:.2f}"
-        within = {None: "–", True: "yes", False: "**no**"}[r["within_bound"]]
-        lines.append(f"{head} {1e3 * t['median']:.1f} [{1e3 * t['min']:.1f}–{1e3 * t['max']:.1f}] | "
-                     f"{q['median']:.3f} [{q['min']:.3f}–{q['max']:.3f}] | {r['best_ratio']:.3f} | {passes} | "
-                     f"{bound} | {within} |")
-    return "\n".join(lines)
-
-
-def decode_table(rows: list[dict]) -> str:
-    lines = ["| model | engine | batch | prompt len | decoded tokens | mode | per-token ms, median [min–max] | "
-             "ratio to standard, median [min–max] | fastest / fastest standard | target | "
-             f"within {DECODE_TARGET:g} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        head = (f"| {r['model']} | {r['engine']} | {r['batch']} | {r['prompt_len']} | {r['decode_tokens']} | "
-                f"{r['mode']} |")
-        if "refused" in r:
-            lines.append(f"{head} {r['refused']} | | | | |")
-            continue
-        t, q = r["per_token_s"], r["ratio"]
-        target = "–" if r["target"] is None else f"{r['target']:.2f}"
-        within = {None: "–", True: "yes", False: "**no**"}[r["within_target"]]
-        lines.append(f"{head} {1e3 * t['median']:.2f} [{1e3 * t['min']:.2f}–{1e3 * t['max']:.2f}] | "
-                     f"{q['median']:.3f} [{q['min']:.3f}–{q['max']:.3f}] | {r['best_ratio']:.3f} | {target} | "
-                     f"{within} |")
+            cells += [r["refused"]] + [""] * (len(columns) - len(cells) - 1)
+        else:
+            t, q, digits = r["per_token_s" if decoding else "prefill_s"], r["ratio"], 2 if decoding else 1
+            cells += [f"{1e3 * t['median']:.{digits}f} [{1e3 * t['min']:.{digits}f}–{1e3 * t['max']:.{digits}f}]",
+                      f"{q['median']:.3f} [{q['min']:.3f}–{q['max']:.3f}]", f"{r['best_ratio']:.3f}"]
+            if decoding:
+                cells += ["–" if r["target"] is None else f"{r['target']:.2f}", marks[r["within_target"]]]
+            else:
+                passes = "?" if r["passes"] is None else str(r["passes"])
+                cells += [passes + (" (T token steps)" if r["mode"] == "fused:exact" else ""),
+                          "–" if r["bound"] is None else f"{r['bound']:.2f}", marks[r["within_bound"]]]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -492,7 +478,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"token (fullband: between the first and the last token yielded; vLLM: (t_N − t_1) / (N − 1) of two "
               f"generate calls); target {DECODE_TARGET} × standard for every mode but standard; within "
               f"{DECODE_TARGET:g}: the median paired ratio\n")
-        print(decode_table(rows))
+        print(table(rows, decoding=True))
     else:
         command = print_header("prefill per decode mode against passes × standard", argv, machine, args)
         print(f"{interleaved}; bound = {BOUND_SLACK} × passes (fused:exact: T token steps); within bound: the median "

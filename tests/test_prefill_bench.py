@@ -103,7 +103,7 @@ def test_decode_table_marks_over_target_and_refused():
             {**head, "engine": "fullband", "mode": "soft", **prefill.decode_result("soft", [0.0101], [0.010])},
             {**head, "engine": "vllm", "mode": "fused:2", **prefill.decode_result("fused:2", [0.0125], [0.010])},
             {**head, "engine": "vllm", "mode": "fused:auto", "refused": prefill.VLLM_REFUSED["fused:auto"]}]
-    lines = prefill.decode_table(rows).splitlines()
+    lines = prefill.table(rows, decoding=True).splitlines()
     assert lines[0].endswith("| target | within 1.02 |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert lines[2] == ("| m | fullband | 16 | 16 | 32 | standard | 11.00 [10.00–12.00] | 1.000 [1.000–1.000] | 1.000 "
