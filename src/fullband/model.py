@@ -391,8 +391,7 @@ def windowed_token_steps(
             k = torch.cat([past_k, k * cos[:, :, c : c + 1] + rotate_half(k) * sin[:, :, c : c + 1]], dim=2)
             v = torch.cat([past_v, v], dim=2)
             key_segments = torch.cat([past_segments, segment], dim=1)
-            # One query against at most `window` keys: products and sums, which the compiler fuses into its own
-            # kernels, rather than two batched matrix products per step (a library call each, and two more backward).
+            # One query, at most `window` keys: fused products and sums, not two batched matmuls (library calls).
             scores = ((q * attn.head_dim**-0.5) * k).sum(-1)
             scores = scores.masked_fill((key_segments != segment)[:, None, :], float("-inf"))
             y = (torch.softmax(scores, dim=-1).unsqueeze(-1) * v).sum(2).reshape(B, 1, attn.n_heads * attn.head_dim)
