@@ -277,6 +277,14 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                        ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "1.0"},
                        records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
                        along=1000),
+    # steps8000_decay1_s5 is worse: the phase at the peak rate matters, and the last 1000 steps of steps8000_decay05_s5
+    # (below a quarter of the peak) add the most at 8x. The same 4000 peak and 4000 decay steps with the decay shaped
+    # 1 - sqrt(p) (Hagele et al. 2024): 1750 of its steps below a quarter of the peak instead of 1000.
+    StateTrackingSweep("steps8000_decay05sqrt_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - sqrt",
+                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
+                                                       "train.decay_shape": "1-sqrt"},
+                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
+                       along=1000),
     # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
     # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
     # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.
@@ -287,6 +295,13 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("alphabet_delta4", "DeltaProduct_4 on S5 with 32 and 120 one-token moves, graded to 8x",
                        ALPHABET_TASKS, (10, 11, 12), {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"},
                        test_seed=50_000, val_seed=30_000, modes="standard"),
+    # Issue 60: s5x32 at 5 seeds, the preset as shipped (rerun at this commit: its compiled steps' rounding has
+    # changed since alphabet_fbt) against DeltaProduct_4 (seeds 13 and 14 added to alphabet_delta4's).
+    StateTrackingSweep("s5x32_fbt", "s5x32, the preset as shipped, seeds 10-14", ("s5x32",), tuple(range(10, 15)),
+                       test_seed=50_000, val_seed=30_000, modes=EXACT_MODES),
+    StateTrackingSweep("alphabet_delta4_more", "s5x32, DeltaProduct_4, seeds 13 and 14 (into alphabet_delta4)",
+                       ("s5x32",), (13, 14), {**DELTA, "model.householder_steps": "4", "model.d_ff": "16"},
+                       test_seed=50_000, val_seed=30_000, modes="standard", into="alphabet_delta4"),
     LMSweep("lm_recipes", "the cpu preset at 2.4M tokens: the paper's schedule, its variants, the baseline's "
             "token budgets", ("baseline", "baseline@1.25", "baseline@1.5", "baseline@2", "baseline@3", "fbt",
                               "fbt_7525", "fbt_from50", "fbt_from25", "fbt_from0", "fbt_concat", "fbt_add"),
