@@ -285,6 +285,13 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                                                        "train.decay_shape": "1-sqrt"},
                        records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
                        along=1000),
+    # steps8000_decay05sqrt_s5 (more of the decay at a low rate) loses most of the linear decay's gain: the other
+    # direction, the decay shaped 1 - p^2 (2830 of its 4000 steps above half the peak rate instead of 2000).
+    StateTrackingSweep("steps8000_decay05square_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - p^2",
+                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
+                                                       "train.decay_shape": "1-square"},
+                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
+                       along=1000),
     # Issue 52 part 5, a harder S5: 32 and 120 one-character moves (PD-SSM's "transitions"; published: ~1% at 32
     # symbols, at most 6.4x the training length) instead of 5 generators, the FBT preset, the LSTM and DeltaProduct_4
     # at the same records, steps and rows, graded to 8x. The preset's steps are compiled, as it ships.

@@ -107,6 +107,8 @@ def test_lr_schedule():
     sqrt = TrainConfig(warmup_steps=0, lr_schedule="wsd", decay_fraction=0.5, decay_shape="1-sqrt", min_lr_ratio=0.1)
     assert [lr_multiplier(s, 8, sqrt) for s in range(8)] == pytest.approx(
         [1.0] * 4 + [0.1 + 0.9 * (1 - (k / 4) ** 0.5) for k in (1, 2, 3, 4)])
+    square = TrainConfig(warmup_steps=0, lr_schedule="wsd", decay_fraction=0.5, decay_shape="1-square")
+    assert [lr_multiplier(s, 8, square) for s in range(4, 8)] == pytest.approx([1 - (k / 4) ** 2 for k in (1, 2, 3, 4)])
     cosine = TrainConfig(warmup_steps=0, lr_schedule="cosine", min_lr_ratio=0.1)
     assert lr_multiplier(0, 10, cosine) == pytest.approx(1.0) and lr_multiplier(10, 10, cosine) == pytest.approx(0.1)
     assert lr_multiplier(5, 10, TrainConfig(warmup_steps=1, lr_schedule="constant")) == 1.0

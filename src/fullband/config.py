@@ -98,8 +98,8 @@ class TrainConfig:
     decay_fraction: float = described(0.25, "wsd: the last fraction of steps decays to min_lr_ratio·lr")
     decay_shape: str = described(
         "linear",
-        "wsd: the decay's shape over its progress p in [0, 1]: 'linear' (1 - p) or '1-sqrt' (1 - sqrt(p): more of the "
-        "decay's steps at a low rate, Hägele et al. 2024)",
+        "wsd: the decay's shape over its progress p in [0, 1]: 'linear' (1 - p), '1-sqrt' (1 - sqrt(p): more of the "
+        "decay's steps at a low rate, Hägele et al. 2024) or '1-square' (1 - p^2: more of them at a high rate)",
     )
     min_lr_ratio: float = described(0.0, "final learning rate as a fraction of the peak")
     grad_clip: float = described(1.0, "clip the global gradient norm to this value; 0 = off")
@@ -205,7 +205,7 @@ class RunConfig:
                 "the model has no positions for it. Lower train.seq_len or raise model.max_seq_len."
             )
         choices = {"optimizer": ("adamw", "muon"), "lr_schedule": ("wsd", "cosine", "constant"),
-                   "decay_shape": ("linear", "1-sqrt"), "parallel": ("ddp", "fsdp"),
+                   "decay_shape": ("linear", "1-sqrt", "1-square"), "parallel": ("ddp", "fsdp"),
                    "checkpoint_format": ("auto", "dcp", "full"), "dtype": ("auto", "float32", "bfloat16"),
                    "init_fusion": ("auto", "keep", "reset"), "pass_loss": PASS_LOSSES, "exact_mode": EXACT_MODES}
         for name, allowed in choices.items():

@@ -50,7 +50,7 @@ def lr_multiplier(step: int, total_steps: int, cfg: TrainConfig) -> float:
     if step < decay_start:
         return 1.0
     progress = (step - decay_start + 1) / max(1, total_steps - decay_start)
-    remaining = 1 - math.sqrt(progress) if cfg.decay_shape == "1-sqrt" else 1 - progress
+    remaining = {"1-sqrt": 1 - math.sqrt(progress), "1-square": 1 - progress**2}.get(cfg.decay_shape, 1 - progress)
     return floor + (1 - floor) * remaining
 
 
