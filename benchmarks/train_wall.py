@@ -83,13 +83,13 @@ def main(argv: list[str] | None = None) -> dict:
         records = export_jsonl(state_tracking_task("s5", 1, 16), Path(tmp) / "s5.jsonl", 20_000, seed=0)
         for round_ in range(args.warm):
             for name in names:
-                warm = run(name, records, Path(tmp) / f"warm_{name.replace(' ', '_')}_{round_}", args.steps,
+                warm = run(name, records, Path(tmp) / f"warm_{names.index(name)}_{round_}", args.steps,
                            args.threads)
                 print(f"untimed run: {name}: train {warm['train_s']:.1f} s, process {warm['process_s']:.1f} s",
                       flush=True)
         for round_ in range(args.rounds):
             for name in names[round_ % len(names):] + names[: round_ % len(names)]:
-                runs[name].append(run(name, records, Path(tmp) / f"{name.replace(' ', '_')}_{round_}", args.steps,
+                runs[name].append(run(name, records, Path(tmp) / f"run_{names.index(name)}_{round_}", args.steps,
                                       args.threads))
                 step_ms = 1000 * statistics.mean(runs[name][-1]["step_s"][args.skip:])
                 print(f"round {round_}: {name}: step {step_ms:.1f} ms, train {runs[name][-1]['train_s']:.1f} s, "

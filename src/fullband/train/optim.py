@@ -35,6 +35,10 @@ def build_optimizers(model: nn.Module, cfg: TrainConfig) -> list[torch.optim.Opt
     return optimizers
 
 
+# wsd's decay: the fraction of the peak left at progress p in (0, 1] of the decay (train.decay_shape)
+DECAY_SHAPES = {"linear": lambda p: 1 - p, "1-sqrt": lambda p: 1 - math.sqrt(p), "1-square": lambda p: 1 - p**2}
+
+
 def lr_multiplier(step: int, total_steps: int, cfg: TrainConfig) -> float:
     """Multiplier on the peak lr for 0-based ``step``: linear warmup, then wsd / cosine / constant."""
     if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
@@ -50,8 +54,7 @@ def lr_multiplier(step: int, total_steps: int, cfg: TrainConfig) -> float:
     if step < decay_start:
         return 1.0
     progress = (step - decay_start + 1) / max(1, total_steps - decay_start)
-    remaining = {"1-sqrt": 1 - math.sqrt(progress), "1-square": 1 - progress**2}.get(cfg.decay_shape, 1 - progress)
-    return floor + (1 - floor) * remaining
+    return floor + (1 - floor) * DECAY_SHAPES[cfg.decay_shape](progress)
 
 
 def _decay_start(total_steps: int, cfg: TrainConfig) -> int:
