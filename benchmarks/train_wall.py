@@ -9,12 +9,15 @@ untimed run of each (``--warm``), which leaves the recurrence's compiled chunk i
 user's earlier runs would (a first run on a machine compiles it cold: its time is printed). Per run:
 
 - ``step ms``: the mean of the per-step times (differences of metrics.jsonl's ``elapsed_s``, rounded there to the
-  millisecond) after the first ``--skip`` steps: the first holds the compile of the recurrence's chunk;
+  millisecond) after the first ``--skip`` steps;
+- ``first step s``: the first step, which holds the compile of the recurrence's chunk (on a warm cache: dynamo's
+  trace and the compiled graphs' load);
 - ``train s``: ``elapsed_s`` at the last step (every step, the compile included);
 - ``process s``: the process's wall time (imports, data, compile, the final evaluation, the checkpoint).
 
 Ratios exact / one pass are paired within a round: median (min–max). The losses of a variant must be the same in
-every round (same seed and records): the last column says whether they are, bit for bit. With ``--uncompiled`` the
+every round (same seed and records): the last column says whether they are, bit for bit (the record keeps each
+run's ``losses_sha256``, to compare runs at two commits). With ``--uncompiled`` the
 preset's steps also run uncompiled (``--train.compile_recurrence 0``), and the largest difference between its
 losses and the compiled run's is printed: the same arithmetic, rounded differently.
 
@@ -26,6 +29,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -58,6 +62,12 @@ def run(variant: str, records: Path, out_dir: Path, steps: int, threads: int) ->
     elapsed = [m["elapsed_s"] for m in metrics]
     return {"step_s": [b - a for a, b in zip(elapsed, elapsed[1:])], "train_s": elapsed[-1], "process_s": wall,
             "losses": [m["loss"] for m in metrics]}
+
+
+def digest(losses: list[float]) -> str:
+    """The sha256 of a run's losses, every step, as logged: equal digests, the same losses bit for bit (a run at
+    another commit compares with this one's by its digest)."""
+    return hashlib.sha256(json.dumps(losses).encode()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"round {round_}: {name}: step {step_ms:.1f} ms, train {runs[name][-1]['train_s']:.1f} s, "
                       f"process {runs[name][-1]['process_s']:.1f} s", flush=True)
     measures = {"step ms": lambda r: 1000 * statistics.mean(r["step_s"][args.skip:]),
+                "first step s": lambda r: r["train_s"] - sum(r["step_s"]),
                 "train s": lambda r: r["train_s"], "process s": lambda r: r["process_s"]}
     summary = {}
     print("\n| variant | " + " | ".join(f"{m}, median (min–max)" for m in measures) + " | losses equal across rounds |")
@@ -117,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
               f"{max(gaps[:20]):.2e}; first step more than 1e-4 apart: {first or 'none'}")
     record = {"benchmark": "train_wall", "command": command, "machine": machine, "steps": args.steps,
               "skip": args.skip, "rounds": args.rounds, "warm": args.warm, "summary": summary, "ratios": ratios,
-              "runs": {name: [{k: v for k, v in r.items() if k != "losses"} | {"first_losses": r["losses"][:20]}
+              "runs": {name: [{k: v for k, v in r.items() if k != "losses"} | {"first_losses": r["losses"][:20],
+                                                                               "losses_sha256": digest(r["losses"])}
                               for r in rs] for name, rs in runs.items()}}
     return write_record(args.out, record)
 

@@ -1,6 +1,7 @@
 """FullBandLM.compile_recurrence: sequential training's token steps run a chunk of positions per compiled call
 (windowed_token_steps) with the loss and every gradient of the Jacobi path (float64, 1e-10), with packed
-documents, plain positions and a chunk that does not divide the length; a compiler that fails leaves the
+documents, plain positions and a chunk that does not divide the length, as one graph for every chunk of a
+length the chunk divides; a compiler that fails leaves the
 steps uncompiled with a warning; the models it cannot run are refused."""
 
 from __future__ import annotations
@@ -55,6 +56,19 @@ def test_chunked_steps_have_the_jacobi_loss_and_gradients(single_thread, variant
 def test_the_chunk_function_compiles_as_one_graph(single_thread):
     # aot_eager traces the chunks (fullgraph: a graph break would raise) and their backward, without a C++ build
     _assert_equal(*_jacobi_and_compiled("gate_window4", True, "aot_eager", chunk=8))
+
+
+def test_every_chunk_of_a_length_the_chunk_divides_runs_one_graph(single_thread):
+    # The first chunk (no state, no keys before it) in the shapes of the others: one trace and compile a run, not
+    # two; a second compile would double the first step's time of every `fullband train` with the preset.
+    graphs = []
+
+    def counting_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    _assert_equal(*_jacobi_and_compiled("gate_window4", True, counting_backend, chunk=4))  # T = 12: 3 chunks
+    assert len(graphs) == 1
 
 
 def test_a_failed_compiler_leaves_the_steps_uncompiled_with_a_warning(single_thread):

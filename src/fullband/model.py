@@ -362,7 +362,7 @@ def windowed_token_steps(
     model: FullBandLM,
     embedded: torch.Tensor,
     plain: torch.Tensor,
-    state: torch.Tensor | None,
+    state: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     segments: torch.Tensor,
@@ -371,16 +371,16 @@ def windowed_token_steps(
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]:
     """The recurrence's steps over a chunk of C positions of a model whose layers all have a sliding window, written
     as one function of tensors for ``torch.compile`` (``FullBandLM.compile_recurrence``): a second form of the
-    blocks' step, for speed only. Its keys carry their documents instead of positions, so every chunk after the
-    first has the same shapes and no graph recompiles. ``pasts``: per layer, the keys, values and documents of the
-    up to window - 1 positions before the chunk; ``weights``: per layer, the joined q/k/v and gate/up projections.
-    Returns the top states (B, C, D) and the pasts after the chunk."""
+    blocks' step, for speed only. Its keys carry their documents instead of positions, so every chunk has the same
+    shapes and the steps compile once. ``state``: the top state fed to the chunk's first position (B, 1, D);
+    ``pasts``: per layer, the keys, values and documents of the window - 1 positions before the chunk (a document
+    of -1 for none); ``weights``: per layer, the joined q/k/v and gate/up projections. Returns the top states
+    (B, C, D) and the pasts after the chunk."""
     B, C, _ = embedded.shape
     tops = []
     for c in range(C):
         x = embedded[:, c : c + 1]
-        if state is not None:
-            x = torch.where(plain[:, c : c + 1, None], x, model.fusion(x, state.to(x.dtype)))
+        x = torch.where(plain[:, c : c + 1, None], x, model.fusion(x, state.to(x.dtype)))
         segment = segments[:, c : c + 1]
         after = []
         for block, (past_k, past_v, past_segments), (qkv, gate_up) in zip(model.layers, pasts, weights):
@@ -398,8 +398,7 @@ def windowed_token_steps(
             x = x + attn.o_proj(y)
             gate, up = (block.mlp_norm(x) @ gate_up).chunk(2, dim=-1)
             x = x + block.mlp.down_proj(F.silu(gate) * up)
-            first = max(0, k.shape[2] - (attn.window - 1))  # the keys the next position still sees
-            after.append((k[:, :, first:], v[:, :, first:], key_segments[:, first:]))
+            after.append((k[:, :, 1:], v[:, :, 1:], key_segments[:, 1:]))  # the window - 1 the next position sees
         pasts = after
         state = model.norm(x)
         tops.append(state)
@@ -500,14 +499,23 @@ class FullBandLM(nn.Module):
 
     def _chunked_recurrence(self, embedded, plain, state, cos, sin, segments) -> torch.Tensor:
         """The top states (B, T, D) of ``recurrence``'s steps, ``compiled_chunk`` positions per compiled call."""
-        B, T, _ = embedded.shape
+        B, T, D = embedded.shape
         layers = [block.attn for block in self.layers]
         # Joined once per call, so each step multiplies once for q, k, v and once for gate, up.
         weights = [(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t(),
                     torch.cat([block.mlp.gate_proj.weight, block.mlp.up_proj.weight]).t())
                    for a, block in zip(layers, self.layers)]
-        pasts = [(embedded.new_zeros(B, a.n_heads, 0, a.head_dim), embedded.new_zeros(B, a.n_heads, 0, a.head_dim),
-                  segments.new_zeros(B, 0)) for a in layers]
+        # The first chunk in the shapes of the others, so one graph serves all (one trace and compile, not two): a
+        # zero state its first position does not take, and window - 1 keys of no document, which no query sees. A
+        # compiled graph is specialised on strides and requires_grad too: these are slices, as a later chunk's state
+        # and keys are (of the chunk's tops and of its keys with the new one), and require gradients as they do.
+        if state is None:
+            state = embedded.new_zeros(B, self.compiled_chunk, D).requires_grad_()[:, -1:]
+            plain = plain.clone()
+            plain[:, 0] = True
+        pasts = [(embedded.new_zeros(B, a.n_heads, a.window, a.head_dim).requires_grad_()[:, :, 1:],
+                  embedded.new_zeros(B, a.n_heads, a.window, a.head_dim).requires_grad_()[:, :, 1:],
+                  segments.new_full((B, a.window), -1)[:, 1:]) for a in layers]
         tops = []
         for start in range(0, T, self.compiled_chunk):
             chunk = slice(start, start + self.compiled_chunk)
