@@ -122,6 +122,14 @@ LEN32 = {"train.seq_len": "64", "train.batch_size": "16", "model.max_seq_len": "
 LONG = {"data.max_train_bytes": "24000000", "train.tokens": "20000000", "train.eval_every": "610",
         "train.ckpt_every": "610", "eval.batches": "16"}
 
+def s5_8000_steps(name: str, description: str, overrides: dict[str, str]) -> StateTrackingSweep:
+    """S5 at twice the preset's steps and records (twice its wall time, the most issue 60 allows), seeds 10-19, graded
+    to 32x and along training every 1000 steps: the half-run decay and the levers tried on it."""
+    return StateTrackingSweep(name, description, ("s5",), tuple(range(10, 20)),
+                              {"train.tokens": "8192000", **overrides}, records=520_000, test_seed=50_000,
+                              val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES, along=1000)
+
+
 SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     StateTrackingSweep("len16", "the state-tracking preset as shipped (4000 steps), every task",
                        ST_TASKS, (0, 1, 2)),
@@ -267,48 +275,32 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     # decay05_s5 gains +0.05 at 8x and its runs still rise at their last step: twice the steps (2x the wall time, the
     # most the issue allows) with the same half-run decay, so 4000 steps of decay instead of 2000; graded along every
     # 1000 steps to see whether the 8x curve levels off.
-    StateTrackingSweep("steps8000_decay05_s5", "S5, 8000 steps with the LR decay over the last half (2x the wall)",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay05_s5", "S5, 8000 steps with the LR decay over the last half (2x the wall)",
+                  {"train.decay_fraction": "0.5"}),
     # steps8000_decay05_s5's 8x curves rise most in their last 1000 steps, and across the sweeps the gain follows the
     # decay's length (1000, 2000, 4000 steps): the same 8000 steps decaying linearly to 0 from the warm-up on.
-    StateTrackingSweep("steps8000_decay1_s5", "S5, 8000 steps with the LR decaying linearly to 0 over all of them",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "1.0"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay1_s5", "S5, 8000 steps with the LR decaying linearly to 0 over all of them",
+                  {"train.decay_fraction": "1.0"}),
     # steps8000_decay1_s5 is worse: the phase at the peak rate matters, and the last 1000 steps of steps8000_decay05_s5
     # (below a quarter of the peak) add the most at 8x. The same 4000 peak and 4000 decay steps with the decay shaped
     # 1 - sqrt(p) (Hagele et al. 2024): 1750 of its steps below a quarter of the peak instead of 1000.
-    StateTrackingSweep("steps8000_decay05sqrt_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - sqrt",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
-                                                       "train.decay_shape": "1-sqrt"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay05sqrt_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - sqrt",
+                  {"train.decay_fraction": "0.5", "train.decay_shape": "1-sqrt"}),
     # steps8000_decay05sqrt_s5 (more of the decay at a low rate) loses most of the linear decay's gain: the other
     # direction, the decay shaped 1 - p^2 (2830 of its 4000 steps above half the peak rate instead of 2000).
-    StateTrackingSweep("steps8000_decay05square_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - p^2",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
-                                                       "train.decay_shape": "1-square"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay05square_s5", "S5, 8000 steps, the LR decay over the last half shaped 1 - p^2",
+                  {"train.decay_fraction": "0.5", "train.decay_shape": "1-square"}),
     # Neither shape beats the linear half-run decay, whose 8x keeps rising at the lowest rates while the training loss
     # is below 1e-4: what is refined there is not the fit but which of the maps that fit it is reached. Weight decay
     # (AdamW 0.1 on the matrices and embeddings; the preset has 0) pulls towards the smaller-norm maps, the lever
     # with which grokking's runs leave memorisation for the rule: steps8000_decay05_s5 with it, the same wall time.
-    StateTrackingSweep("steps8000_decay05_wd01_s5", "S5, 8000 steps, the LR decay over the last half, weight decay 0.1",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
-                                                       "train.weight_decay": "0.1"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay05_wd01_s5", "S5, 8000 steps, the LR decay over the last half, weight decay 0.1",
+                  {"train.decay_fraction": "0.5", "train.weight_decay": "0.1"}),
     # The other optimizer the trainer ships: Muon (orthogonalised updates, torch.optim.Muon) for the blocks' and the
     # fusion's matrices, AdamW for the rest, at the AdamW rate (adjust_lr_fn match_rms_adamw: the same update RMS).
     # Muon shortens grokking's delay before the rule is found (Tveit et al. 2025), the delay the decay sweeps show.
-    StateTrackingSweep("steps8000_decay05_muon_s5", "S5, 8000 steps, the LR decay over the last half, Muon",
-                       ("s5",), tuple(range(10, 20)), {"train.tokens": "8192000", "train.decay_fraction": "0.5",
-                                                       "train.optimizer": "muon", "train.muon_lr": "0.003"},
-                       records=520_000, test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES,
-                       along=1000),
+    s5_8000_steps("steps8000_decay05_muon_s5", "S5, 8000 steps, the LR decay over the last half, Muon",
+                  {"train.decay_fraction": "0.5", "train.optimizer": "muon", "train.muon_lr": "0.003"}),
     # A lever enters the preset after a win on validation rows, and then the baselines run at its budget:
     # steps8000_decay05_s5 won (+0.135 [+0.044, +0.226] at 8x against the preset), so DeltaProduct_4, the strongest
     # baseline on S5 (delta4_s5: 4x in 5 of 6 seeds, not 8x), at the same 8000 steps, tokens and half-run decay.
