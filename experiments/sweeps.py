@@ -306,6 +306,11 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
     # sweeps more movement before and during the decay helped: steps8000_decay05_s5 at 5e-3 for 3e-3, the same wall.
     s5_8000_steps("steps8000_decay05_lr5e-3_s5", "S5, 8000 steps, the LR decay over the last half, peak LR 5e-3",
                   {"train.decay_fraction": "0.5", "train.lr": "0.005"}),
+    # The rate's peak does not help either way (lr5e-3 above, lr1e-3_s5 at 4000 steps). Twins part within ~50 steps,
+    # in the 20-step warm-up and the first steps at the peak rate: the warm-up over the first 1000 of the 8000 steps,
+    # the same wall time, so the early trajectory is taken at low rates.
+    s5_8000_steps("steps8000_decay05_warmup1000_s5", "S5, 8000 steps, the half-run LR decay, 1000 warm-up steps",
+                  {"train.decay_fraction": "0.5", "train.warmup_steps": "1000"}),
     # A lever enters the preset after a win on validation rows, and then the baselines run at its budget:
     # steps8000_decay05_s5 won (+0.135 [+0.044, +0.226] at 8x against the preset), so DeltaProduct_4, the strongest
     # baseline on S5 (delta4_s5: 4x in 5 of 6 seeds, not 8x), at the same 8000 steps, tokens and half-run decay.
