@@ -19,12 +19,6 @@ from experiments.state_tracking.table import RESULTS, load, main_mode
 MOVES = "128"  # 8x the training records' 16 moves
 
 
-def pearson(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    return cov / math.sqrt(sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys))
-
-
 def fisher_interval(r: float, n: int) -> tuple[float, float]:
     """The 95% interval of a Pearson r over n independent pairs (Fisher's z)."""
     z, half = math.atanh(max(min(r, 0.999999), -0.999999)), 1.959964 / math.sqrt(n - 3)
@@ -65,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         cells = []
         for ends in (vals, tests):
             if len(runs) > 3:
-                r = pearson(starts, ends)
+                r = statistics.correlation(starts, ends)
                 low, high = fisher_interval(r, len(runs))
                 cells.append(f"{r:+.2f} [{low:+.2f}, {high:+.2f}]")
             else:
