@@ -318,6 +318,13 @@ SWEEPS: dict[str, StateTrackingSweep | LMSweep] = {s.name: s for s in (
                        ("s5",), tuple(range(10, 20)), {"model.d_model": "128", "model.d_ff": "256",
                                                        "train.tokens": "3481600", "train.decay_fraction": "0.5"},
                        test_seed=50_000, val_seed=30_000, lengths=LENGTHS_32X, modes=EXACT_MODES, along=1000),
+    # d128_decay05_s5's step measured 1.8x the preset's in its own runs (63 against 33-44 ms, two lanes), not the
+    # 2.3x it was sized by, so its 3400 steps used about 0.8x of the 8000-step recipe's wall: the same at 4400 steps.
+    StateTrackingSweep("d128_4400_decay05_s5", "S5, d_model 128 (d_ff 256), 4400 steps (the 2x wall), the half-run "
+                       "LR decay", ("s5",), tuple(range(10, 20)),
+                       {"model.d_model": "128", "model.d_ff": "256", "train.tokens": "4505600",
+                        "train.decay_fraction": "0.5"}, records=290_000, test_seed=50_000, val_seed=30_000,
+                       lengths=LENGTHS_32X, modes=EXACT_MODES, along=1000),
     # A lever enters the preset after a win on validation rows, and then the baselines run at its budget:
     # steps8000_decay05_s5 won (+0.135 [+0.044, +0.226] at 8x against the preset), so DeltaProduct_4, the strongest
     # baseline on S5 (delta4_s5: 4x in 5 of 6 seeds, not 8x), at the same 8000 steps, tokens and half-run decay.
