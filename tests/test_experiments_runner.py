@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from experiments import run as runner
 from experiments.state_tracking.tasks import export_records
@@ -187,11 +189,18 @@ def test_along_keeps_and_grades_every_checkpoint_once_and_the_analysis_reads_the
     SWEEPS["tiny_along"] = sweep
     try:
         along.main(["tiny_along", "--task", "parity", "--results", str(results.parent), "--runs-dir", str(runs),
-                    "--plot", str(tmp_path / "along.png")])
+                    "--plot", str(tmp_path / "along.png"), "--levers"])
     finally:
         del SWEEPS["tiny_along"]
     out = capsys.readouterr().out
     assert "| 0 |" in out and f"| {record['kept_step']} |" in out and (tmp_path / "along.png").stat().st_size > 0
+    # the levers: graded at the along lengths; the averages are the mean weights of the checkpoints they name
+    (graded,) = map(json.loads, (results.parent / "tiny_along_levers.jsonl").read_text().splitlines())
+    assert graded["tail_steps"] == [10, 20] and set(graded["tail"]) == set(graded["keep8x"]) == {"4", "8"}
+    weights = [load_file(run / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors") for step in (10, 20)]
+    tail = load_file(run / "levers" / "tail_model" / "model.safetensors")
+    assert all(torch.allclose(tail[k], (weights[0][k].double() + weights[1][k].double()).div(2).float()) for k in tail)
+    assert "- test rows, tail " in out and "- validation rows, swa (steps " in out
 
 
 def test_along_refuses_lengths_the_sweep_does_not_grade(tmp_path):

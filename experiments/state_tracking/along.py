@@ -8,10 +8,13 @@ state the exact recurrence feeds back.
     python -m experiments.state_tracking.along along_s5 --state-norm         # + the state's norm per checkpoint
     python -m experiments.state_tracking.along along_s5 --levers             # + two levers graded by fullband bench
 
-The levers use the same runs, so each is paired with the preset's kept model seed by seed and row by row:
+The levers use the same runs, so each is paired with the preset's kept model seed by seed and row by row, at the
+lengths the checkpoints are graded at along training (4x and 8x):
   keep8x  the checkpoint with the best validation score at 8x (ties: the later one), graded on the test rows;
   swa     the mean of the weights of the checkpoints of the LR decay (the sweep's decay fraction), graded on the
-          validation and the test rows.
+          validation and the test rows;
+  tail    the mean of the weights of the last two checkpoints (an EMA's window at the end of the decay), graded
+          on the validation and the test rows.
 
 Per seed: the step each run first reaches >= 0.99 at 8x on the validation rows, its best 8x score and step, the
 score at the end of training, the kept model's step (the preset's keep_best: lowest validation loss at 1..16
@@ -105,22 +108,25 @@ def decay_fraction(sweep) -> float:
     return float(sweep.overrides.get("train.decay_fraction", preset))
 
 
-def levers(record: dict, run: Path, sweep_lengths: list[int], moves: int, along: list[str], fraction: float) -> dict:
-    """The two levers of one run, graded on the rows the runner graded the kept model on."""
+def levers(record: dict, run: Path, along: list[str], fraction: float) -> dict:
+    """The three levers of one run, graded on the test (and validation) rows the runner graded the kept model on,
+    at the along-training lengths."""
     data = run.with_name(run.name + ".data")
-    lengths = [str(m * moves) for m in sweep_lengths]
-    tests = [str(data / f"test{n}.jsonl") for n in lengths]
-    vals = [str(data / f"val{n}.jsonl") for n in lengths]
+    tests = [str(data / f"test{n}.jsonl") for n in along]
+    vals = [str(data / f"val{n}.jsonl") for n in along]
     top = along[-1]
     step = max(record["along"], key=lambda p: (p["val"][top], p["step"]))["step"]
     chosen = run / "checkpoints" / f"step_{step:08d}"
     keep8x = bench(chosen / "model", tests, run / "levers" / "keep8x")
-    decay = [c for c in checkpoints_of(run) if int(c.name.split("_")[1]) >= (1 - fraction) * record["steps"]]
-    swa = bench(average(decay, run / "levers" / "swa_model"), tests + vals, run / "levers" / "swa")
-    return {"seed": record["seed"], "keep8x_step": step,
-            "keep8x": {n: keep8x[t] for n, t in zip(lengths, tests)},
-            "swa_steps": [int(c.name.split("_")[1]) for c in decay],
-            "swa": {n: swa[t] for n, t in zip(lengths, tests)}, "swa_val": {n: swa[v] for n, v in zip(lengths, vals)}}
+    graded = {"seed": record["seed"], "keep8x_step": step, "keep8x": {n: keep8x[t] for n, t in zip(along, tests)}}
+    checkpoints = checkpoints_of(run)
+    decay = [c for c in checkpoints if int(c.name.split("_")[1]) >= (1 - fraction) * record["steps"]]
+    for name, averaged in (("swa", decay), ("tail", checkpoints[-2:])):
+        scores = bench(average(averaged, run / "levers" / f"{name}_model"), tests + vals, run / "levers" / name)
+        graded |= {f"{name}_steps": [int(c.name.split("_")[1]) for c in averaged],
+                   name: {n: scores[t] for n, t in zip(along, tests)},
+                   f"{name}_val": {n: scores[v] for n, v in zip(along, vals)}}
+    return graded
 
 
 def paired(name: str, pairs: list[tuple[float, float]]) -> str:
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="measure the state's norm on each kept checkpoint (needs the runs), written to "
                              "results/NAME_state.jsonl")
     parser.add_argument("--levers", action="store_true",
-                        help="grade keep8x and swa (needs the runs), written to results/NAME_levers.jsonl")
+                        help="grade keep8x, swa and tail (needs the runs), written to results/NAME_levers.jsonl")
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
     sweep = SWEEPS[args.name]
@@ -227,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
             norms[entry["seed"]] = entry["state_norm"]
     if args.levers:
         out = args.results / f"{args.name}_levers.jsonl"
-        graded = [levers(r, args.runs_dir / args.name / f"{args.task}_s{r['seed']}", list(sweep.lengths), sweep.moves,
-                         lengths, decay_fraction(sweep)) for r in records]
+        graded = [levers(r, args.runs_dir / args.name / f"{args.task}_s{r['seed']}", lengths, decay_fraction(sweep))
+                  for r in records]
         out.write_text("".join(json.dumps(g) + "\n" for g in graded))
         print(f"levers: {out}")
     if (args.results / f"{args.name}_levers.jsonl").is_file():
@@ -240,8 +246,12 @@ def main(argv: list[str] | None = None) -> None:
         test = lambda r: r["lengths"][top]["fused:exact"]["accuracy"]  # noqa: E731
         val = lambda r: r["val_lengths"][top]["fused:exact"]["accuracy"]  # noqa: E731
         print("- test rows, " + paired("keep8x", [(graded[s]["keep8x"][top], test(kept[s])) for s in kept]))
-        print("- validation rows, " + paired("swa", [(graded[s]["swa_val"][top], val(kept[s])) for s in kept]))
-        print("- test rows, " + paired("swa", [(graded[s]["swa"][top], test(kept[s])) for s in kept]))
+        for name in ("swa", "tail"):
+            if name in next(iter(graded.values())):
+                steps = ", ".join(map(str, graded[next(iter(kept))][f"{name}_steps"]))
+                print("- validation rows, " + paired(f"{name} (steps {steps})",
+                                                      [(graded[s][f"{name}_val"][top], val(kept[s])) for s in kept]))
+                print("- test rows, " + paired(name, [(graded[s][name][top], test(kept[s])) for s in kept]))
     if args.plot:
         plot(records, lengths, norms, args.plot)
 
