@@ -6,7 +6,7 @@ state the exact recurrence feeds back.
     python -m experiments.state_tracking.along along_s5                      # the table, from the results file
     python -m experiments.state_tracking.along along_s5 --plot experiments/state_tracking/along_s5.png
     python -m experiments.state_tracking.along along_s5 --state-norm         # + the state's norm per checkpoint
-    python -m experiments.state_tracking.along along_s5 --levers             # + two levers graded by fullband bench
+    python -m experiments.state_tracking.along along_s5 --levers             # + three levers graded by fullband bench
 
 The levers use the same runs, so each is paired with the preset's kept model seed by seed and row by row, at the
 lengths the checkpoints are graded at along training (4x and 8x):
@@ -247,11 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         val = lambda r: r["val_lengths"][top]["fused:exact"]["accuracy"]  # noqa: E731
         print("- test rows, " + paired("keep8x", [(graded[s]["keep8x"][top], test(kept[s])) for s in kept]))
         for name in ("swa", "tail"):
-            if name in next(iter(graded.values())):
-                steps = ", ".join(map(str, graded[next(iter(kept))][f"{name}_steps"]))
-                print("- validation rows, " + paired(f"{name} (steps {steps})",
-                                                      [(graded[s][f"{name}_val"][top], val(kept[s])) for s in kept]))
-                print("- test rows, " + paired(name, [(graded[s][name][top], test(kept[s])) for s in kept]))
+            steps = ", ".join(map(str, graded[next(iter(kept))][f"{name}_steps"]))
+            print("- validation rows, " + paired(f"{name} (steps {steps})",
+                                                  [(graded[s][f"{name}_val"][top], val(kept[s])) for s in kept]))
+            print("- test rows, " + paired(name, [(graded[s][name][top], test(kept[s])) for s in kept]))
     if args.plot:
         plot(records, lengths, norms, args.plot)
 
