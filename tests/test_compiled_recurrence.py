@@ -93,6 +93,14 @@ def test_off_and_without_gradients_the_steps_run_one_by_one(single_thread):
     torch.testing.assert_close(model.recurrence(ids).logits, expected, rtol=0, atol=0)
 
 
+def test_this_torch_accepts_the_products_compile_options():
+    # inductor with its C++ wrapper on a CPU: torch.compile checks the option names when the function is built
+    # (no compile yet), so a misspelt or renamed option fails here rather than at a user's first training step
+    model = make_model(sliding_window=4)
+    model.compile_recurrence(4)
+    assert model.compiled_steps is not None and model.compiled_chunk == 4
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (dict(), "a layer without a sliding window"),
     (dict(sliding_window=4, qk_norm=True), "qk_norm"),
@@ -148,7 +156,7 @@ def test_fullband_train_runs_the_compiled_steps_with_the_uncompiled_losses(tmp_p
     real_compile = torch.compile
 
     def compile_for_the_test(function, **options):
-        compiled = real_compile(function, **{**options, "backend": TRAIN_BACKEND})
+        compiled = real_compile(function, **{**options, "backend": TRAIN_BACKEND, "options": None})  # inductor's
 
         def counted(*args):
             chunks.append((torch.is_grad_enabled(), args[1].shape[1]))  # args[1]: the chunk's embeddings
