@@ -93,12 +93,21 @@ def test_off_and_without_gradients_the_steps_run_one_by_one(single_thread):
     torch.testing.assert_close(model.recurrence(ids).logits, expected, rtol=0, atol=0)
 
 
-def test_this_torch_accepts_the_products_compile_options():
-    # inductor with its C++ wrapper on a CPU: torch.compile checks the option names when the function is built
-    # (no compile yet), so a misspelt or renamed option fails here rather than at a user's first training step
+def test_on_a_cpu_the_steps_compile_with_inductors_cpp_wrapper(monkeypatch):
+    # The real torch.compile builds the function (no compile yet) and checks the option names there, so a misspelt
+    # or renamed option fails here rather than at a user's first training step; other backends get no options.
+    asked = []
+    real_compile = torch.compile
+
+    def recording_compile(function, **kwargs):
+        asked.append((kwargs["backend"], kwargs["options"]))
+        return real_compile(function, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
     model = make_model(sliding_window=4)
     model.compile_recurrence(4)
-    assert model.compiled_steps is not None and model.compiled_chunk == 4
+    model.compile_recurrence(4, backend="aot_eager")
+    assert asked == [("inductor", {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}), ("aot_eager", None)]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -496,15 +496,13 @@ class FullBandLM(nn.Module):
                              "train this model with the uncompiled steps (chunk 0)")
         from torch._inductor import config as inductor_config  # torch.compile's own module
 
-        # On a CPU, inductor's C++ wrapper launches the chunk's few hundred small kernels and products without a
-        # line of Python each, which at these widths is 10-15% of a step. Built apart from the kernels (torch >=
-        # 2.8) it compiles no slower; built with them it takes minutes. Same kernels, so the same losses bit for
-        # bit. Not measured on a GPU, so not used there.
-        options = ({"cpp_wrapper": True, "cpp_wrapper_build_separate": True}
-                   if backend == "inductor" and self.device.type == "cpu"
-                   and hasattr(inductor_config, "cpp_wrapper_build_separate") else None)
+        # On a CPU a call's few hundred small kernels run from inductor's C++ wrapper, not a line of Python each
+        # (10-15% of a step; the same kernels, so the same losses); built apart from them (torch >= 2.8) it compiles
+        # as fast. Not measured on a GPU.
+        separate = "cpp_wrapper_build_separate"
+        cpp = backend == "inductor" and self.device.type == "cpu" and hasattr(inductor_config, separate)
         self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True,
-                                            options=options)
+                                            options={"cpp_wrapper": True, separate: True} if cpp else None)
         self.compiled_chunk = chunk
 
     def _chunked_recurrence(self, embedded, plain, state, cos, sin, segments) -> torch.Tensor:
