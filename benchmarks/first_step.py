@@ -3,15 +3,17 @@ preset's model (seed 0), its token steps compiled 8 positions per call as `fullb
 (``FullBandLM.compile_recurrence(8)``), one training step (``sequential_loss``, backward, AdamW) on one batch of 32
 windows of 32 byte tokens, in a fresh process per measurement, one thread. Variants:
 
-- ``compiled``: the product's path. ``torch.compile`` once, then the first step: dynamo traces the 8-position chunk,
-  inductor's caches give back the compiled forward and backward, and inductor probes the CPU's vector ISAs (a test
-  library per ISA, built once and cached, loaded in a child process each) before it loads the kernels;
+- ``compiled``: the product's path. ``torch.compile`` once, then the first step. Since 2026-12-08 (fullband's
+  ``CompiledSteps``) the chunk's trace an earlier run kept (here the untimed process) is loaded with its compiled
+  forward and backward; before, dynamo traced the 8-position chunk in every process and inductor's caches gave back
+  the compiled graphs. Either way inductor probes the CPU's vector ISAs (a test library per ISA, built once and
+  cached, loaded in a child process each) before it loads the kernels;
 - ``ISA probes``: that probe alone (``torch._inductor.cpu_vec_isa``), after its import;
 - ``precompiled``: the same chunk through torch's experimental ``aot_compile`` (``torch.compile(...).aot_compile``,
   ``torch.compiler.load_compiled_function``): compiled and saved once, untimed; each timed process loads the saved
-  function instead of tracing. fullband does not use this API (it is experimental, and a saved graph is only right
-  for the model code, shapes and CPU it was built for, which its file would have to be keyed by); this measures
-  what skipping the trace would save.
+  function instead of tracing (with inductor's default options, the Python wrapper). fullband does not use this API
+  (a saved graph is only right for the model code, shapes and CPU it was built for, which its file would have to be
+  keyed by, where the kept trace is checked against them by torch).
 
 Each variant's first step is timed from before the chunk function is built or loaded (``compile_recurrence``, or the
 load) to the end of the step; ``later step`` is the median of the next 5. The variants alternate, in an order
@@ -68,9 +70,10 @@ def child(variant: str, saved: Path) -> dict:
         return out.loss.item()
 
     start = time.perf_counter()
-    model.compile_recurrence(8)
     if variant == "precompiled":
-        model.compiled_steps = PrecompiledSteps(saved, windowed_token_steps)
+        model.compiled_steps, model.compiled_chunk = PrecompiledSteps(saved, windowed_token_steps), 8
+    else:
+        model.compile_recurrence(8)
     loss = step()
     first = time.perf_counter() - start
     later = []

@@ -17,9 +17,11 @@ VARIANTS = {"gate_window4": dict(sliding_window=4), "concat_window3": dict(fusio
 
 
 @pytest.fixture(autouse=True)
-def fresh_compile_cache():
+def fresh_compile_cache(tmp_path, monkeypatch):
     """Each test compiles with its own backend: without a reset, torch.compile would reuse another test's graph
-    for the same shapes."""
+    for the same shapes; and with its own inductor cache directory, so that no trace the user's runs kept is loaded
+    and none is left behind."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -108,6 +110,64 @@ def test_on_a_cpu_the_steps_compile_with_inductors_cpp_wrapper(monkeypatch):
     model.compile_recurrence(4)
     model.compile_recurrence(4, backend="aot_eager")
     assert asked == [("inductor", {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}), ("aot_eager", None)]
+
+
+# What a later process runs: the model of _kept_trace_model, compiled on a cache where an earlier process left its
+# trace, on the first batch (its loss and gradients) and on a batch of other shapes (its loss); how many graphs
+# dynamo traced for each, and the uncompiled loss of the second.
+LATER_PROCESS = """
+import sys, torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, sys.argv[1])
+from test_compiled_recurrence import _kept_trace_model, _kept_trace_step
+torch.set_num_threads(1)
+model = _kept_trace_model()
+first = _kept_trace_step(model, batch=3)
+traced_first = counters["stats"]["unique_graphs"]
+other = _kept_trace_step(model, batch=2)[0]
+traced_other = counters["stats"]["unique_graphs"] - traced_first
+model.compile_recurrence(0)
+uncompiled = _kept_trace_step(model, batch=2)[0]
+torch.save(dict(first=first, traced_first=traced_first, other=other, traced_other=traced_other,
+                uncompiled=uncompiled, loaded=counters["dynamo_cache"]["dynamo_cache_hit"]), sys.argv[2])
+"""
+
+
+def _kept_trace_model():
+    model = make_model(n_layers=1, sliding_window=3, feedback_jitter=0.0).train()
+    model.compile_recurrence(1)
+    return model
+
+
+def _kept_trace_step(model, batch: int):
+    ids, labels = (tensor[:batch] for tensor in _batch())
+    return _loss_and_grads(model, sequential_loss(model, ids, labels))
+
+
+@pytest.mark.skipif(not hasattr(torch._dynamo.config, "caching_precompile"),
+                    reason="this torch has no caching precompile to keep a trace on disk")
+def test_a_later_process_loads_the_compiled_steps_instead_of_tracing_them(tmp_path, single_thread):
+    # The real inductor with its C++ wrapper, on a one-layer model two positions a call (a small graph, built cold in
+    # a fresh cache directory). The later process, a real one, must trace nothing for the same shapes, with the
+    # loss and gradients bit for bit, and trace a batch of other shapes beside the loaded graph (in torch 2.13 that
+    # failed on a name the loaded graph had taken, without CompiledSteps moving dynamo's counter past it).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    loss, grads = _kept_trace_step(_kept_trace_model(), batch=3)
+    assert list((tmp_path / "inductor" / "dynamo").iterdir())  # the trace, written
+    done = subprocess.run([sys.executable, "-c", LATER_PROCESS, str(Path(__file__).parent), str(tmp_path / "later.pt")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "is dropped with caching_precompile" not in done.stderr
+    later = torch.load(tmp_path / "later.pt")
+    assert (later["loaded"], later["traced_first"], later["traced_other"]) == (1, 0, 1)
+    torch.testing.assert_close(later["first"][0], loss, rtol=0, atol=0)
+    assert later["first"][1].keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(later["first"][1][name], grad, rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(later["other"], later["uncompiled"], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

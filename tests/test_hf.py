@@ -260,13 +260,14 @@ def test_export_layout_and_remote_code(exported):
     assert config["model_type"] == "fullband"
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_fullband.FullBandForCausalLM"
     for name in ("model.safetensors", "modeling_fullband.py", "configuration_fullband.py", "fullband_model.py",
-                 "kv_cache.py"):
+                 "kv_cache.py", "compiled_steps.py"):
         assert (exp / name).is_file(), name
     assert type(model).__module__.startswith("transformers_modules")  # the copied code, not the package
     from transformers.dynamic_module_utils import get_imports
 
     assert "fullband" not in get_imports(exp / "fullband_model.py")
     assert "fullband" not in get_imports(exp / "kv_cache.py")
+    assert "fullband" not in get_imports(exp / "compiled_steps.py")
     ids = torch.randint(0, VOCAB, (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, fb(ids).logits, atol=1e-5, rtol=0)

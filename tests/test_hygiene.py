@@ -115,9 +115,10 @@ def test_import_graph_has_no_cycles():
         implied = {p for m in direct for p in _ancestors(m) if p != "fullband" and p not in _ancestors(name)}
         loading[name] = (direct | implied) - {name}
     assert _cycle(loading) is None, f"import cycle at import time: {' -> '.join(_cycle(loading))}"
-    # The model file imports only its KV cache, which imports nothing: the HF export ships the two files.
-    assert anywhere["fullband.model"] == {"fullband.kv_cache"}
-    assert anywhere["fullband.kv_cache"] == set()
+    # The model file imports only its KV cache and its compiled steps, which import nothing: the HF export ships the
+    # three files.
+    assert anywhere["fullband.model"] == {"fullband.kv_cache", "fullband.compiled_steps"}
+    assert anywhere["fullband.kv_cache"] == anywhere["fullband.compiled_steps"] == set()
 
 
 # Modules that need an optional extra when imported (transformers, fastapi, lm-eval): the only package modules

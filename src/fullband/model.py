@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-# Relative, unlike the rest of the package: the Hugging Face export ships kv_cache.py next to this file.
+# Relative, unlike the rest of the package: the Hugging Face export ships these files next to this one.
+from .compiled_steps import CompiledSteps
 from .kv_cache import KVCache
 
 FUSIONS = ("gate", "concat", "add")
@@ -494,15 +495,7 @@ class FullBandLM(nn.Module):
         if unsupported:
             raise ValueError(f"compile_recurrence: the compiled steps do not support {', '.join(unsupported)}; "
                              "train this model with the uncompiled steps (chunk 0)")
-        from torch._inductor import config as inductor_config  # torch.compile's own module
-
-        # On a CPU a call's few hundred small kernels run from inductor's C++ wrapper, not a line of Python each
-        # (10-15% of a step; the same kernels, so the same losses); built apart from them (torch >= 2.8) it compiles
-        # as fast. Not measured on a GPU.
-        separate = "cpp_wrapper_build_separate"
-        cpp = backend == "inductor" and self.device.type == "cpu" and hasattr(inductor_config, separate)
-        self.compiled_steps = torch.compile(windowed_token_steps, backend=backend, dynamic=False, fullgraph=True,
-                                            options={"cpp_wrapper": True, separate: True} if cpp else None)
+        self.compiled_steps = CompiledSteps(windowed_token_steps, backend, self.device)
         self.compiled_chunk = chunk
 
     def _chunked_recurrence(self, embedded, plain, state, cos, sin, segments) -> torch.Tensor:

@@ -19,12 +19,13 @@ from fullband.storage import ModelDir, read_json
 _HERE = Path(__file__).resolve().parent
 # The files an export ships beside its weights (name in the export: source). The modeling code imports fullband's
 # own model.py and decoding.py relatively, as fullband_model.py and fullband_decoding.py (fullband's package only
-# inside try/except); model.py imports kv_cache.py relatively, and nothing else of the package.
+# inside try/except); model.py imports kv_cache.py and compiled_steps.py relatively, and nothing else of the package.
 SHIPPED_CODE = {
     "configuration_fullband.py": _HERE / "configuration_fullband.py",
     "modeling_fullband.py": _HERE / "modeling_fullband.py",
     "fullband_model.py": _HERE.parent / "model.py",
     "kv_cache.py": _HERE.parent / "kv_cache.py",
+    "compiled_steps.py": _HERE.parent / "compiled_steps.py",
     "fullband_decoding.py": _HERE.parent / "decoding.py",
 }
 AUTO_MAP = {

@@ -1,0 +1,96 @@
+"""The recurrence's token steps under ``torch.compile`` (``FullBandLM.compile_recurrence``), with what makes them
+cheap on a CPU: inductor's C++ wrapper, and dynamo's trace kept on disk beside the kernels (torch's caching
+precompile), so that a later run loads the compiled chunk instead of tracing it again."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+class CompiledSteps:
+    """``function`` compiled once per shape (``fullgraph``, static shapes). With inductor on a CPU (torch >= 2.8):
+    a call's few hundred small kernels run from the C++ wrapper, not a line of Python each (10-15% of a step; the
+    same kernels, so the same losses), built apart from them, which compiles as fast; and each new trace is written
+    to inductor's cache directory with its forward and backward, where a later process's ``CompiledSteps`` finds it
+    (its sources and torch unchanged): a warm first step of the state-tracking preset loads in about 3 s where
+    tracing it again took 4-5. Not measured on a GPU, so not used there."""
+
+    def __init__(self, function: Callable[..., Any], backend: str, device: torch.device) -> None:
+        from torch._dynamo import config as dynamo_config  # torch.compile's own modules
+        from torch._functorch import config as functorch_config
+        from torch._inductor import config as inductor_config
+
+        separate = "cpp_wrapper_build_separate"
+        cpp = backend == "inductor" and device.type == "cpu" and hasattr(inductor_config, separate)
+        self.keeps_trace = (cpp and hasattr(dynamo_config, "caching_precompile")
+                            and hasattr(functorch_config, "force_non_lazy_backward_lowering")
+                            and functorch_config.enable_autograd_cache
+                            and not torch.compiler.config.force_disable_caches)
+        if self.keeps_trace:
+            _quiet_trace_notes()
+        with self._settings():
+            self.compiled = torch.compile(function, backend=backend, dynamic=False, fullgraph=True,
+                                          options={"cpp_wrapper": True, separate: True} if cpp else None)
+        if self.keeps_trace:
+            _past_loaded_names(function.__globals__)
+
+    def __call__(self, *args: Any) -> Any:
+        from torch._dynamo.utils import counters
+
+        with self._settings():
+            before = _traces_and_graphs(counters)
+            result = self.compiled(*args)
+            traced, graphs = (after - earlier for after, earlier in zip(_traces_and_graphs(counters), before))
+            # Only with its compiled graphs, which the autograd cache hands over: a trace written without them would
+            # be loaded and skipped by every later run.
+            if self.keeps_trace and traced and graphs:
+                torch.compiler.save_cache_artifacts()  # writes the new trace (and the loaded ones) to disk
+        return result
+
+    @contextlib.contextmanager
+    def _settings(self) -> Iterator[None]:
+        """torch.compile's settings for these steps alone: the trace kept, the backward compiled with the forward
+        (not at the first backward), so that the trace is written with both."""
+        if not self.keeps_trace:
+            yield
+            return
+        with torch._dynamo.config.patch(caching_precompile=True), \
+                torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            yield
+
+
+def _traces_and_graphs(counters: Any) -> tuple[int, int]:
+    """How many graphs dynamo traced and how many compiled graphs the autograd cache stored or found, so far."""
+    cache = counters["aot_autograd"]
+    return counters["stats"]["unique_graphs"], cache["autograd_cache_saved"] + cache["autograd_cache_hit"]
+
+
+def _quiet_trace_notes() -> None:
+    """A kept trace leaves out dynamo's guards on the identity of the functions it calls (torch.cat, F.silu, ...),
+    which a later process has anew, and says so in a log line each, and reads tensors' .grad for the guards it keeps:
+    neither is the user's to act on."""
+    logging.getLogger("torch._dynamo.guards").addFilter(_not_a_dropped_guard)
+    warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
+                            module=r"torch\._dynamo\.guards")
+
+
+def _not_a_dropped_guard(record: logging.LogRecord) -> bool:
+    return "is dropped with caching_precompile" not in str(record.msg)
+
+
+def _past_loaded_names(scope: dict[str, Any]) -> None:
+    """A loaded trace puts its globals in the function's module under names dynamo numbers from a counter of its
+    process, so a new trace in this one (a model of other shapes) would make one of them again and fail ("Name
+    '__builtins_dict___0' already exists in scope", torch 2.13): the counter moves past them."""
+    from torch._dynamo.bytecode_transformation import unique_id
+
+    prefix = "__builtins_dict___"
+    loaded = [int(name[len(prefix):]) for name in scope if name.startswith(prefix) and name[len(prefix):].isdigit()]
+    while loaded and int(unique_id("")[1:]) < max(loaded):
+        pass
