@@ -170,6 +170,50 @@ def test_a_later_process_loads_the_compiled_steps_instead_of_tracing_them(tmp_pa
     torch.testing.assert_close(later["other"], later["uncompiled"], rtol=0, atol=1e-5)
 
 
+def _steps_that_trace(monkeypatch, graphs_stored: bool):
+    """The CompiledSteps compile_recurrence builds on a CPU, its compiled function replaced by one that counts a new
+    trace as dynamo does, and the compiled graphs the autograd cache stored (or not); and the list of trace writes."""
+    from torch._dynamo.utils import counters
+
+    from fullband.compiled_steps import CompiledSteps
+    from fullband.model import windowed_token_steps
+
+    steps = CompiledSteps(windowed_token_steps, "inductor", torch.device("cpu"))
+    if not steps.keeps_trace:
+        pytest.skip("this torch has no caching precompile to keep a trace on disk")
+
+    def tracing(*args):
+        counters["stats"]["unique_graphs"] += 1
+        counters["aot_autograd"]["autograd_cache_saved"] += graphs_stored
+        return args
+
+    writes = []
+    steps.compiled = tracing
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: writes.append(1))
+    return steps, writes
+
+
+def test_a_new_trace_is_written_once_with_its_compiled_graphs_and_never_without_them(monkeypatch):
+    steps, writes = _steps_that_trace(monkeypatch, graphs_stored=True)
+    assert steps("chunk") == ("chunk",) and writes == [1]
+    steps.compiled = lambda *args: args  # a call that traces nothing writes nothing
+    assert steps("chunk") == ("chunk",) and writes == [1]
+    steps, writes = _steps_that_trace(monkeypatch, graphs_stored=False)  # caches bypassed: a trace that would be
+    assert steps("chunk") == ("chunk",) and writes == []  # loaded and skipped by every later run
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_steps_running_with_a_warning(monkeypatch):
+    steps, _ = _steps_that_trace(monkeypatch, graphs_stored=True)
+
+    def read_only():
+        raise RuntimeError("Failed to save package to /cache/dynamo/x: [Errno 30] Read-only file system")
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", read_only)
+    with pytest.warns(UserWarning, match=r"could not keep the compiled steps' trace in .*Read-only file system.*"
+                                         r"later runs will trace them again .set TORCHINDUCTOR_CACHE_DIR"):
+        assert steps("chunk") == ("chunk",)
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (dict(), "a layer without a sliding window"),
     (dict(sliding_window=4, qk_norm=True), "qk_norm"),

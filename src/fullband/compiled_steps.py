@@ -50,8 +50,20 @@ class CompiledSteps:
             # Only with its compiled graphs, which the autograd cache hands over: a trace written without them would
             # be loaded and skipped by every later run.
             if self.keeps_trace and traced and graphs:
-                torch.compiler.save_cache_artifacts()  # writes the new trace (and the loaded ones) to disk
+                self._write_trace()
         return result
+
+    def _write_trace(self) -> None:
+        """The new trace (and the loaded ones) to disk; where it cannot be written, the steps run on, traced anew by
+        later runs."""
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        try:
+            torch.compiler.save_cache_artifacts()
+        except (OSError, RuntimeError) as error:  # torch reports a failed write as a RuntimeError
+            warnings.warn(f"compile_recurrence: could not keep the compiled steps' trace in {cache_dir()} ({error}); "
+                          "later runs will trace them again (set TORCHINDUCTOR_CACHE_DIR to a writable directory)",
+                          stacklevel=4)
 
     @contextlib.contextmanager
     def _settings(self) -> Iterator[None]:
