@@ -18,8 +18,9 @@ class CompiledSteps:
     a call's few hundred small kernels run from the C++ wrapper, not a line of Python each (10-15% of a step; the
     same kernels, so the same losses), built apart from them, which compiles as fast; and each new trace is written
     to inductor's cache directory with its forward and backward, where a later process's ``CompiledSteps`` finds it
-    (its sources and torch unchanged): a warm first step of the state-tracking preset loads in about 3 s where
-    tracing it again took 4-5. Not measured on a GPU, so not used there."""
+    (its sources and torch unchanged): on a warm cache the state-tracking preset's first step, the load included,
+    takes 2.4 s where tracing it again took 5.3-6.8 (benchmarks/first_step.py). Not measured on a GPU, so not used
+    there."""
 
     def __init__(self, function: Callable[..., Any], backend: str, device: torch.device) -> None:
         from torch._dynamo import config as dynamo_config  # torch.compile's own modules
