@@ -122,6 +122,7 @@ sys.path.insert(0, sys.argv[1])
 from test_compiled_recurrence import _kept_trace_model, _kept_trace_step
 torch.set_num_threads(1)
 model = _kept_trace_model()
+found = model.compiled_steps.trace_found
 first = _kept_trace_step(model, batch=3)
 traced_first = counters["stats"]["unique_graphs"]
 other = _kept_trace_step(model, batch=2)[0]
@@ -129,7 +130,7 @@ traced_other = counters["stats"]["unique_graphs"] - traced_first
 model.compile_recurrence(0)
 uncompiled = _kept_trace_step(model, batch=2)[0]
 torch.save(dict(first=first, traced_first=traced_first, other=other, traced_other=traced_other,
-                uncompiled=uncompiled, loaded=counters["dynamo_cache"]["dynamo_cache_hit"]), sys.argv[2])
+                uncompiled=uncompiled, loaded=counters["dynamo_cache"]["dynamo_cache_hit"], found=found), sys.argv[2])
 """
 
 
@@ -155,14 +156,16 @@ def test_a_later_process_loads_the_compiled_steps_instead_of_tracing_them(tmp_pa
     import sys
     from pathlib import Path
 
-    loss, grads = _kept_trace_step(_kept_trace_model(), batch=3)
+    model = _kept_trace_model()
+    assert not model.compiled_steps.trace_found
+    loss, grads = _kept_trace_step(model, batch=3)
     assert list((tmp_path / "inductor" / "dynamo").iterdir())  # the trace, written
     done = subprocess.run([sys.executable, "-c", LATER_PROCESS, str(Path(__file__).parent), str(tmp_path / "later.pt")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "is dropped with caching_precompile" not in done.stderr
     later = torch.load(tmp_path / "later.pt")
-    assert (later["loaded"], later["traced_first"], later["traced_other"]) == (1, 0, 1)
+    assert (later["found"], later["loaded"], later["traced_first"], later["traced_other"]) == (True, 1, 0, 1)
     torch.testing.assert_close(later["first"][0], loss, rtol=0, atol=0)
     assert later["first"][1].keys() == grads.keys()
     for name, grad in grads.items():
@@ -214,6 +217,34 @@ def test_a_trace_that_cannot_be_written_leaves_the_steps_running_with_a_warning(
         assert steps("chunk") == ("chunk",)
 
 
+def test_a_kept_trace_that_cannot_be_used_is_passed_over_quietly(tmp_path):
+    # An unreadable kept trace (a trace of other sources is the same case, found later): the steps will compile at
+    # the first step and replace it, and torch's traceback about it reaches no handler.
+    import logging
+
+    from torch._dynamo.package import CompilePackage
+
+    from fullband.compiled_steps import CompiledSteps
+    from fullband.model import windowed_token_steps
+
+    entry = tmp_path / "inductor" / "dynamo" / CompilePackage.source_id_from_fn(windowed_token_steps) / "entry"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"not a trace")
+    heard = []  # torch's loggers do not pass records to the root logger: listen on the one that reports it
+    handler = logging.Handler()
+    handler.emit = heard.append
+    logger = logging.getLogger("torch._dynamo.package")
+    logger.addHandler(handler)
+    try:
+        steps = CompiledSteps(windowed_token_steps, "inductor", torch.device("cpu"))
+    finally:
+        logger.removeHandler(handler)
+    if not steps.keeps_trace:
+        pytest.skip("this torch has no caching precompile to keep a trace on disk")
+    assert heard == [] and not steps.trace_found
+    assert steps.describe().startswith("the steps compile at the first step")
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (dict(), "a layer without a sliding window"),
     (dict(sliding_window=4, qk_norm=True), "qk_norm"),
@@ -260,7 +291,8 @@ def _train_preset(tmp_path, name: str, *options: str) -> list[list[dict]]:
             for log in ("metrics.jsonl", "eval.jsonl")]
 
 
-def test_fullband_train_runs_the_compiled_steps_with_the_uncompiled_losses(tmp_path, monkeypatch, single_thread):
+def test_fullband_train_runs_the_compiled_steps_with_the_uncompiled_losses(tmp_path, monkeypatch, capsys,
+                                                                          single_thread):
     """train.compile_recurrence through the real trainer: every training step's token steps run chunk by chunk
     through the compiled function, with the loss trajectory of the uncompiled steps; validation (no gradients)
     never calls it. The trainer's torch.compile runs with the aot_eager backend here: with inductor (the option's
@@ -280,6 +312,9 @@ def test_fullband_train_runs_the_compiled_steps_with_the_uncompiled_losses(tmp_p
     metrics, evals = _train_preset(tmp_path, "uncompiled", "--train.compile_recurrence", "0")
     assert chunks == []
     compiled_metrics, compiled_evals = _train_preset(tmp_path, "compiled", "--train.compile_recurrence", "4")
+    # What the first step will do, said before it (a cold compile is a minute of silence otherwise)
+    assert (f"train.compile_recurrence 4: the steps compile at the first step (a minute or more the first time on a "
+            f"CPU), and are kept in {tmp_path / 'inductor'} for later runs") in capsys.readouterr().err
     assert chunks == [(True, 4)] * (6 * 32 // 4)  # every step, 8 chunks of 4 positions, all with gradients
     assert [m["step"] for m in compiled_metrics] == [m["step"] for m in metrics] == list(range(1, 7))
     for compiled, uncompiled in zip(compiled_metrics, metrics):

@@ -23,7 +23,8 @@ class CompiledSteps:
     there."""
 
     def __init__(self, function: Callable[..., Any], backend: str, device: torch.device) -> None:
-        from torch._dynamo import config as dynamo_config  # torch.compile's own modules
+        from torch._dynamo import config as dynamo_config  # torch.compile's own modules, loaded when it is used
+        from torch._dynamo.utils import counters
         from torch._functorch import config as functorch_config
         from torch._inductor import config as inductor_config
 
@@ -35,11 +36,24 @@ class CompiledSteps:
                             and not torch.compiler.config.force_disable_caches)
         if self.keeps_trace:
             _quiet_trace_notes()
+        loaded, stale = counters["dynamo_cache"]["dynamo_cache_hit"], _TRACE_NOTES.stale
         with self._settings():
             self.compiled = torch.compile(function, backend=backend, dynamic=False, fullgraph=True,
                                           options={"cpp_wrapper": True, separate: True} if cpp else None)
+        # A trace of other sources (fullband or torch changed since) or an unreadable one is traced anew and replaced.
+        self.trace_found = counters["dynamo_cache"]["dynamo_cache_hit"] > loaded and _TRACE_NOTES.stale == stale
         if self.keeps_trace:
             _past_loaded_names(function.__globals__)
+
+    def describe(self) -> str:
+        """What the first call will do, for a run's log: a cold compile takes a minute or more on a CPU."""
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        if self.trace_found:
+            return (f"the steps traced and compiled by an earlier run were found in {cache_dir()} (a model of other "
+                    "shapes compiles at its first step)")
+        kept = f", and are kept in {cache_dir()} for later runs" if self.keeps_trace else ""
+        return f"the steps compile at the first step (a minute or more the first time on a CPU){kept}"
 
     def __call__(self, *args: Any) -> Any:
         from torch._dynamo.utils import counters
@@ -84,17 +98,34 @@ def _traces_and_graphs(counters: Any) -> tuple[int, int]:
     return counters["stats"]["unique_graphs"], cache["autograd_cache_saved"] + cache["autograd_cache_hit"]
 
 
+class _TraceNotes(logging.Filter):
+    """torch's notes on a kept trace, none the user's to act on: a log line for each guard it leaves out (on the
+    identity of the functions it calls, torch.cat, F.silu, ..., which a later process has anew), and a traceback for
+    a kept trace it cannot use (its sources or torch changed since, or the file is unreadable), which is then traced
+    anew and replaced: counted in ``stale``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stale = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if message.startswith(("Failed to load entry from dynamo cache", "Failed to load package from path")):
+            self.stale += 1
+            return False
+        return "is dropped with caching_precompile" not in message
+
+
+_TRACE_NOTES = _TraceNotes()
+
+
 def _quiet_trace_notes() -> None:
-    """A kept trace leaves out dynamo's guards on the identity of the functions it calls (torch.cat, F.silu, ...),
-    which a later process has anew, and says so in a log line each, and reads tensors' .grad for the guards it keeps:
-    neither is the user's to act on."""
-    logging.getLogger("torch._dynamo.guards").addFilter(_not_a_dropped_guard)
+    """_TRACE_NOTES on the loggers of dynamo's guards, its cache and its entry point; and the keeping of guards reads
+    tensors' .grad, which warns."""
+    for name in ("torch._dynamo.guards", "torch._dynamo.package", "torch._dynamo.eval_frame"):
+        logging.getLogger(name).addFilter(_TRACE_NOTES)
     warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
                             module=r"torch\._dynamo\.guards")
-
-
-def _not_a_dropped_guard(record: logging.LogRecord) -> bool:
-    return "is dropped with caching_precompile" not in str(record.msg)
 
 
 def _past_loaded_names(scope: dict[str, Any]) -> None:

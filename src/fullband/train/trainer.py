@@ -215,6 +215,8 @@ class Trainer:
             except ValueError as exc:
                 raise ConfigError(f"train.compile_recurrence={self.train_cfg.compile_recurrence} cannot run this "
                                   f"model's token steps ({exc}): set train.compile_recurrence 0") from None
+            self._log(f"train.compile_recurrence {self.train_cfg.compile_recurrence}: "
+                      f"{model.compiled_steps.describe()}")
         objective: nn.Module = MultipassObjective(model, self.loss_options)
         if self.world_size > 1:
             if self.train_cfg.parallel == "fsdp":
